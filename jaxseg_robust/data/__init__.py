@@ -1,0 +1,1 @@
+"""jaxseg_robust.data."""

@@ -1,0 +1,64 @@
+"""Reading official PyTorch checkpoints safely (torch is an optional extra).
+
+Checkpoints are read with ``torch.load(weights_only=True)``: no arbitrary code
+from a pickle runs. The result is a flat ``{key: float32/any numpy array}``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import numpy as np
+
+from ports.keytable import PortError
+
+# Wrapper keys under which some training codes nest the state dict.
+_NESTED_KEYS = ("model", "state_dict", "model_state_dict")
+
+
+def _import_torch():
+    try:
+        import torch  # noqa: PLC0415  (optional dependency)
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "Converting PyTorch checkpoints needs torch: pip install 'jaxseg_robust[port]'"
+        ) from err
+    return torch
+
+
+def load_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Loads a ``.pth``/``.pt`` checkpoint as ``{key: numpy array}``.
+
+    Accepts a bare state dict or one nested under ``model``/``state_dict``.
+
+    Raises:
+      FileNotFoundError: the path does not exist.
+      PortError: the file is not a readable torch checkpoint (corrupt,
+        truncated, or it needs arbitrary code to unpickle), or holds no tensors.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    torch = _import_torch()
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for corrupt files
+        raise PortError(f"{path}: not a readable PyTorch checkpoint "
+                        f"(corrupt or truncated file?): {type(err).__name__}: {err}") from None
+    if isinstance(obj, Mapping):
+        for nested in _NESTED_KEYS:
+            if nested in obj and isinstance(obj[nested], Mapping):
+                obj = obj[nested]
+                break
+    if not isinstance(obj, Mapping):
+        raise PortError(f"{path}: expected a state dict (mapping of tensors), got {type(obj).__name__}")
+    out = {}
+    for key, value in obj.items():
+        if not isinstance(value, torch.Tensor):
+            raise PortError(f"{path}: entry '{key}' is a {type(value).__name__}, not a tensor")
+        out[str(key)] = value.detach().to("cpu").float().numpy() if value.is_floating_point() \
+            else value.detach().to("cpu").numpy()
+    if not out:
+        raise PortError(f"{path}: the checkpoint holds no tensors")
+    return out

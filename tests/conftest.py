@@ -1,0 +1,31 @@
+"""Shared test configuration: hypothesis profiles and the real-data location."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default",
+    deadline=None,
+    max_examples=40,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("thorough", deadline=None, max_examples=400,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+# ../shared/data/real beside the checkout, or $JAXSEG_REAL_DATA.
+REAL_DATA = pathlib.Path(os.environ.get("JAXSEG_REAL_DATA", REPO_ROOT.parent / "shared" / "data" / "real"))
+
+
+@pytest.fixture(scope="session")
+def real_data_dir() -> pathlib.Path:
+    """The shared real image/mask folder; skips the test cleanly when absent."""
+    if not REAL_DATA.is_dir():
+        pytest.skip(f"real data not present at {REAL_DATA}")
+    return REAL_DATA
