@@ -1,0 +1,200 @@
+"""Benchmark: exact EDT, connected components and the baseline clicker (jaxseg_robust)
+vs scipy / OpenCV, on 1024x1024 masks.
+
+Masks (all 1024x1024 bool):
+  * ``blobs20`` / ``blobs60``: Gaussian-smoothed noise (sigma 20 / 60 px) > 0,
+    many / few medium-size components;
+  * ``far_region``: ones except a 10x10 zero block near a corner (the "distance to a
+    small region" map of the location loss: distances up to ~1400 px);
+  * ``error_map``: XOR of a smooth GT and the same GT shifted by (7, -5) px (thin
+    error bands, what the clicker sees after a few clicks);
+  * ``davis``: the first DAVIS mask of ../shared/data/real, nearest-resized to 1024x1024
+    (skipped when the folder is absent).
+
+Timed, per mask, medians over ``--repeats`` runs, reported in ms/mask with the
+ratio ``reference / ours`` (> 1 = ours faster):
+  * EDT: ``scipy.ndimage.distance_transform_edt`` vs ``distance_transform_edt`` (jit,
+    one mask per call) and its ``jax.vmap`` over a batch of ``--batch`` copies (batched
+    time divided by the batch size);
+  * CC: ``scipy.ndimage.label`` (4- and 8-connectivity) vs ``label_components``
+    (jit, single and vmapped batch);
+  * clicker: one baseline click (two padded EDTs + argmax) re-stated with OpenCV as in
+    the RITM code vs ``next_click`` (jit).
+Every result is first checked to be identical to the reference (exact squared
+distances, identical label maps and clicks).
+
+Run: ``python experiments/benchmarks/bench_distance_components.py [--batch 16]
+[--repeats 5] [--cpus N] [--only edt,cc,click]``. ``--cpus N`` pins the process to N
+cores before JAX starts (scipy/OpenCV are single-threaded; XLA splits large loop
+bodies over its thread pool, which on a busy machine can cost more than it gains).
+For fair CPU timings set the allocator as in ../shared/design/BENCHMARKING.md; the
+script prints what it ran with. The batch default is 16, not 64: with ``--batch 64``
+the process peaked at ~4 GB RSS (the vmapped transforms fold the batch into one
+stack of 64M pixels and keep several int32 copies of it); per-mask batched times were
+no better than single-mask times on the 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+SIZE = 1024
+REAL_DATA = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
+
+
+def make_masks(size: int = SIZE, seed: int = 0, real_data: pathlib.Path = REAL_DATA) -> dict:
+    """Named bool[size, size] numpy masks (see module docstring)."""
+    import numpy as np
+    import scipy.ndimage as ndi
+
+    rng = np.random.default_rng(seed)
+    masks = {
+        "blobs20": ndi.gaussian_filter(rng.standard_normal((size, size)), 20) > 0,
+        "blobs60": ndi.gaussian_filter(rng.standard_normal((size, size)), 60) > 0,
+    }
+    far = np.ones((size, size), bool)
+    far[20:30, 40:50] = False
+    masks["far_region"] = far
+    gt = ndi.gaussian_filter(rng.standard_normal((size, size)), 80) > 0.002
+    masks["error_map"] = gt ^ np.roll(gt, (7, -5), axis=(0, 1))
+    davis = sorted((real_data / "davis" / "masks").glob("*.png"))
+    if davis:
+        import cv2
+        raw = cv2.imread(str(davis[0]), cv2.IMREAD_UNCHANGED)
+        fg = raw.reshape(raw.shape[0], raw.shape[1], -1).any(axis=-1).astype(np.uint8)
+        masks["davis"] = cv2.resize(fg, (size, size), interpolation=cv2.INTER_NEAREST) > 0
+    return masks
+
+
+def median_ms(fn, repeats: int) -> float:
+    """Median wall time of ``fn()`` in milliseconds (one warm-up call first)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def reference_click(gt, pred, not_clicked):
+    """The RITM clicker step with OpenCV (prompt-attacks.md §1)."""
+    import cv2
+    import numpy as np
+
+    def dt(region):
+        padded = np.pad(region, 1).astype(np.uint8)
+        return cv2.distanceTransform(padded, cv2.DIST_L2, 0)[1:-1, 1:-1] * not_clicked
+
+    fn_dt, fp_dt = dt(gt & ~pred), dt(~gt & pred)
+    positive = fn_dt.max() > fp_dt.max()
+    chosen = fn_dt if positive else fp_dt
+    row, col = np.unravel_index(np.argmax(chosen), chosen.shape)
+    return bool(positive), int(row), int(col)
+
+
+def run_benchmark(batch: int = 16, repeats: int = 5, parts=("edt", "cc", "click"),
+                  report=print) -> dict:
+    """Times every part on every mask; returns {(part, mask, impl): ms per mask}."""
+    import jax
+    import numpy as np
+    import scipy.ndimage as ndi
+
+    from jaxseg_robust.ops.components import label_components
+    from jaxseg_robust.ops.distance import distance_transform_edt, squared_distance_transform
+    from jaxseg_robust.prompts.clicker import next_click
+
+    masks = make_masks()
+    results = {}
+
+    def record(part, name, impl, ms, ref_ms):
+        results[(part, name, impl)] = ms
+        report(f"{part:<6}{name:<12}{impl:<22}{ms:>10.2f}{ref_ms / ms:>10.2f}")
+
+    report(f"{'part':<6}{'mask':<12}{'implementation':<22}{'ms/mask':>10}{'ref/ours':>10}")
+    if "edt" in parts:
+        edt = jax.jit(distance_transform_edt)
+        squared = jax.jit(squared_distance_transform)
+        edt_batch = jax.jit(jax.vmap(distance_transform_edt))
+        for name, mask in masks.items():
+            ref = ndi.distance_transform_edt(mask)
+            exact = np.asarray(squared(mask))
+            if not np.array_equal(exact, np.rint(ref ** 2)):
+                raise AssertionError(f"EDT mismatch on {name}")
+            ref_ms = median_ms(lambda: ndi.distance_transform_edt(mask), repeats)
+            record("edt", name, "scipy", ref_ms, ref_ms)
+            record("edt", name, "ours jit", median_ms(lambda: edt(mask).block_until_ready(), repeats), ref_ms)
+            stack = np.broadcast_to(mask, (batch,) + mask.shape)
+            ms = median_ms(lambda: edt_batch(stack).block_until_ready(), max(1, repeats // 2)) / batch
+            record("edt", name, f"ours vmap B={batch}", ms, ref_ms)
+    if "cc" in parts:
+        for connectivity, structure in ((4, None), (8, np.ones((3, 3), bool))):
+            label = jax.jit(lambda m, c=connectivity: label_components(m, c))
+            label_batch = jax.jit(jax.vmap(lambda m, c=connectivity: label_components(m, c)))
+            for name, mask in masks.items():
+                ref, num = ndi.label(mask, structure)
+                got, got_num = label(mask)
+                if not (np.array_equal(np.asarray(got), ref) and int(got_num) == num):
+                    raise AssertionError(f"label mismatch on {name}, connectivity {connectivity}")
+                ref_ms = median_ms(lambda: ndi.label(mask, structure), repeats)
+                record(f"cc{connectivity}", name, "scipy", ref_ms, ref_ms)
+                record(f"cc{connectivity}", name, "ours jit",
+                       median_ms(lambda: label(mask)[0].block_until_ready(), repeats), ref_ms)
+                stack = np.broadcast_to(mask, (batch,) + mask.shape)
+                ms = median_ms(lambda: label_batch(stack)[0].block_until_ready(), max(1, repeats // 2)) / batch
+                record(f"cc{connectivity}", name, f"ours vmap B={batch}", ms, ref_ms)
+    if "click" in parts:
+        click = jax.jit(next_click)
+        gt = masks["blobs60"]
+        rng = np.random.default_rng(1)
+        preds = {"empty_pred": np.zeros_like(gt), "shifted_pred": np.roll(gt, (9, -6), axis=(0, 1)),
+                 "noisy_pred": gt ^ (rng.random(gt.shape) < 0.01)}
+        not_clicked = np.ones_like(gt)
+        for name, pred in preds.items():
+            got = tuple(int(v) for v in click(gt, pred, not_clicked))
+            if got != tuple(int(v) for v in reference_click(gt, pred, not_clicked)):
+                raise AssertionError(f"click mismatch on {name}")
+            ref_ms = median_ms(lambda: reference_click(gt, pred, not_clicked), repeats)
+            record("click", name, "cv2 reference", ref_ms, ref_ms)
+            record("click", name, "ours jit",
+                   median_ms(lambda: click(gt, pred, not_clicked)[1].block_until_ready(), repeats), ref_ms)
+    return results
+
+
+def describe_environment() -> str:
+    """One line: platform, CPUs in use, jax version, allocator variables."""
+    import jax
+
+    malloc = {k: os.environ.get(k, "default") for k in MALLOC_VARIABLES}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"{platform.platform()} | cpus in use {cpus} of {os.cpu_count()} | jax {jax.__version__} "
+            f"{jax.devices()[0].platform} | malloc {malloc} | XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parses arguments, runs the benchmark, prints a table; returns the results dict."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cpus", type=int, default=0, help="pin to this many cores (0 = leave as is)")
+    parser.add_argument("--only", default="edt,cc,click", help="comma-separated subset of edt,cc,click")
+    args = parser.parse_args(argv)
+    if args.cpus > 0:
+        if "jax" in sys.modules:
+            print("warning: jax already imported; --cpus may not limit XLA's thread pool")
+        available = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, set(available[: args.cpus]))
+    print(describe_environment())
+    print(f"masks {SIZE}x{SIZE}, batch {args.batch}, repeats {args.repeats}; times are noisy on a shared machine")
+    return run_benchmark(args.batch, args.repeats, tuple(args.only.split(",")))
+
+
+if __name__ == "__main__":
+    main()
