@@ -41,11 +41,17 @@ class Transform:
         resizing (before the model's own padding).
       scale_xy: f32[2] (sx, sy) = (w' / W, h' / H), the per-axis factors that
         map original-frame coordinates to the model frame.
+      frame_hw: static (Hf, Wf) >= (H, W), the frame full-resolution outputs
+        are produced in (the image's own size, or the bucket it was padded
+        into). Not a pytree leaf: part of the tree structure, so one compiled
+        function serves every Transform with the same frame; None when a
+        model needs no full-resolution frame.
     """
 
     original_hw: jnp.ndarray
     resized_hw: jnp.ndarray
     scale_xy: jnp.ndarray
+    frame_hw: tuple[int, int] | None = flax.struct.field(pytree_node=False, default=None)
 
 
 @flax.struct.dataclass

@@ -1,0 +1,173 @@
+"""Static configuration of SAM-family models, and the pluggable image-encoder registry.
+
+A `SamConfig` fixes every shape of a model: the image encoder (named by
+``encoder_kind`` and described by an encoder config object), the prompt
+encoder and the mask decoder. Configs are frozen dataclasses (hashable, so a
+segmenter holding one can be closed over by ``jit``) and round-trip through
+JSON (`SamConfig.to_dict` / `SamConfig.from_dict`) for converted-model
+directories.
+
+Image encoders register themselves with `register_image_encoder(kind,
+config_cls, build)`; ``build(config, dtype)`` returns a linen Module mapping
+f32[B, S, S, 3] (normalised, zero-padded) to f32[B, E, E, C] channels-last.
+A kind that is not yet registered is looked up by importing
+``jaxseg_robust.models.sam.<kind>`` (so ``tiny_vit`` registers on import).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+import jax.numpy as jnp
+
+PIXEL_MEAN = (123.675, 116.28, 103.53)
+PIXEL_STD = (58.395, 57.12, 57.375)
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+_ENCODERS: dict[str, tuple[type, Callable[[Any, Any], Any]]] = {}
+
+
+def register_image_encoder(kind: str, config_cls: type, build: Callable[[Any, Any], Any]) -> None:
+    """Registers an image-encoder kind.
+
+    Args:
+      kind: the name stored in ``SamConfig.encoder_kind`` (e.g. "vit", "tiny_vit").
+      config_cls: a frozen dataclass describing the encoder; its fields must be
+        JSON-representable (ints, floats, strings, bools, tuples of those).
+      build: ``(config, compute_dtype) -> linen Module``.
+    """
+    if not dataclasses.is_dataclass(config_cls):
+        raise ValueError(f"config_cls for encoder kind '{kind}' must be a dataclass")
+    _ENCODERS[kind] = (config_cls, build)
+
+
+def _encoder_entry(kind: str) -> tuple[type, Callable[[Any, Any], Any]]:
+    reason = ""
+    if kind not in _ENCODERS:
+        try:
+            importlib.import_module(f"jaxseg_robust.models.sam.{kind}")
+        except ImportError as err:
+            reason = f" (importing jaxseg_robust.models.sam.{kind}: {err})"
+    if kind not in _ENCODERS:
+        raise ValueError(f"unknown image encoder kind '{kind}'; registered: "
+                         f"{sorted(_ENCODERS)}{reason}")
+    return _ENCODERS[kind]
+
+
+def build_image_encoder(kind: str, config: Any, dtype: Any):
+    """Returns the linen Module for an encoder kind and its config (compute ``dtype``)."""
+    config_cls, build = _encoder_entry(kind)
+    if not isinstance(config, config_cls):
+        raise ValueError(f"encoder kind '{kind}' needs a {config_cls.__name__}, "
+                         f"got {type(config).__name__}")
+    return build(config, dtype)
+
+
+def _tuples(value: Any) -> Any:
+    """JSON lists -> tuples, recursively (dataclass fields are tuples)."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
+def dataclass_from_dict(cls: type, data: dict, *, what: str) -> Any:
+    """Builds dataclass ``cls`` from a JSON dict; unknown or missing fields are errors."""
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{what}: unknown field(s) {unknown} for {cls.__name__}")
+    try:
+        return cls(**{k: _tuples(v) for k, v in data.items()})
+    except TypeError as err:
+        raise ValueError(f"{what}: cannot build {cls.__name__}: {err}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskDecoderConfig:
+    """SAM's mask decoder (two-way transformer + hypernetwork heads).
+
+    LayerNorm eps: the transformer's token/image norms use torch's default
+    1e-5; the LayerNorm2d in the output upscaling uses 1e-6.
+    """
+
+    transformer_depth: int = 2
+    transformer_mlp_dim: int = 2048
+    transformer_num_heads: int = 8
+    attention_downsample_rate: int = 2
+    num_multimask_outputs: int = 3
+    iou_head_depth: int = 3
+    iou_head_hidden_dim: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class SamConfig:
+    """Everything static about a SAM-family model.
+
+    Attributes:
+      encoder: the image-encoder config (e.g. `ViTConfig`, `TinyViTConfig`).
+      encoder_kind: registry name of the encoder ("vit", "tiny_vit", ...).
+      family: model family name stored with converted weights ("sam", ...).
+      variant: variant name ("vit_b", ...), informational.
+      image_size: side of the square, padded model input (1024).
+      embedding_size: side of the image embedding grid (64).
+      prompt_embed_dim: channels of image embeddings and prompt tokens (256).
+      mask_in_chans: hidden channels of the mask-input downscaling (16).
+      decoder: the mask decoder's config.
+      pixel_mean, pixel_std: per-channel normalisation (RGB, 0..255 scale).
+      compute_dtype: "float32" or "bfloat16", compute dtype of the image
+        encoder (parameters stay float32; prompts/decoder always float32).
+    """
+
+    encoder: Any
+    encoder_kind: str = "vit"
+    family: str = "sam"
+    variant: str = ""
+    image_size: int = 1024
+    embedding_size: int = 64
+    prompt_embed_dim: int = 256
+    mask_in_chans: int = 16
+    decoder: MaskDecoderConfig = MaskDecoderConfig()
+    pixel_mean: tuple[float, float, float] = PIXEL_MEAN
+    pixel_std: tuple[float, float, float] = PIXEL_STD
+    compute_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}; "
+                             f"got {self.compute_dtype!r}")
+        if self.image_size % self.embedding_size:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of "
+                             f"embedding_size {self.embedding_size}")
+
+    @property
+    def low_res_size(self) -> int:
+        """Side of the decoder's low-resolution logits (4 x embedding_size; SAM: 256)."""
+        return 4 * self.embedding_size
+
+    @property
+    def dtype(self):
+        """The jnp dtype named by ``compute_dtype``."""
+        return COMPUTE_DTYPES[self.compute_dtype]
+
+    def to_dict(self) -> dict:
+        """JSON-representable dict (tuples become lists when serialised)."""
+        out = dataclasses.asdict(self)
+        out["encoder"] = dataclasses.asdict(self.encoder)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SamConfig":
+        """Inverse of `to_dict`; the encoder config class comes from ``encoder_kind``."""
+        data = dict(data)
+        kind = data.get("encoder_kind", "vit")
+        encoder_cls, _ = _encoder_entry(kind)
+        encoder = dataclass_from_dict(encoder_cls, dict(data.pop("encoder")),
+                                      what=f"encoder config ({kind})")
+        decoder = dataclass_from_dict(MaskDecoderConfig, dict(data.pop("decoder", {})),
+                                      what="mask decoder config")
+        return dataclass_from_dict(cls, {**data, "encoder": encoder, "decoder": decoder},
+                                   what="SAM config")

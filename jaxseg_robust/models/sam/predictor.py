@@ -1,0 +1,157 @@
+"""`SamPredictor`: a drop-in for ``segment_anything.SamPredictor`` on our functional SAM.
+
+    predictor = zoo.load("sam_vit_b")
+    predictor.set_image(image)                          # uint8[H, W, 3] RGB
+    masks, scores, low_res = predictor.predict(point_coords=np.array([[x, y]]),
+                                               point_labels=np.array([1]))
+    masks, scores, low_res = predictor.predict(image, box=np.array([x1, y1, x2, y2]))
+
+Shapes and semantics follow the reference: masks bool[C, H, W] (float logits
+with ``return_logits``), scores f32[C], low_res f32[C, 256, 256] (numpy),
+C = 3 with ``multimask_output`` else 1; ``mask_input`` is a previous
+f32[1, 256, 256]. The image goes through the uint8 PIL resize of
+``SamPredictor.set_image`` by default.
+
+This is the convenience layer; batched and differentiable use goes through
+``predictor.segmenter`` and ``predictor.params``. Point-slot counts are
+rounded up to a power of two, so a few compiled decoders serve every call.
+
+Difference from the reference: an explicitly empty ``point_coords`` (shape
+[0, 2]) is treated like ``None`` (the reference would still append its
+padding token).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxseg_robust.models.sam.segmenter import SamFeatures, SamSegmenter
+from jaxseg_robust.prompts.types import make_prompts
+
+
+def _slots(n: int) -> int:
+    return 1 << max(0, int(np.ceil(np.log2(max(n, 1)))))
+
+
+class SamPredictor:
+    """Image-at-a-time SAM predictor (SamPredictor-compatible).
+
+    Attributes:
+      segmenter: the `SamSegmenter` (static config).
+      params: the parameter pytree.
+      name: the model name or directory it was loaded from.
+    """
+
+    def __init__(self, segmenter: SamSegmenter, params, name: str = ""):
+        self.segmenter = segmenter
+        self.params = params
+        self.name = name
+        self._embed = jax.jit(segmenter.embed)
+        self._decode = jax.jit(segmenter.decode_low_res)
+        self._upsample = jax.jit(segmenter.upsample)
+        self.reset_image()
+
+    @property
+    def config(self):
+        """The model's `SamConfig`."""
+        return self.segmenter.config
+
+    def reset_image(self) -> None:
+        """Forgets the current image."""
+        self.is_image_set = False
+        self.features: SamFeatures | None = None
+        self.transform = None
+        self.original_size: tuple[int, int] | None = None
+        self.input_size: tuple[int, int] | None = None
+
+    def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
+        """Computes and caches the embedding of a uint8[H, W, 3] image ("RGB" or "BGR")."""
+        if image_format not in ("RGB", "BGR"):
+            raise ValueError(f"image_format must be 'RGB' or 'BGR'; got {image_format!r}")
+        image = np.asarray(image)
+        if image_format == "BGR":
+            image = np.ascontiguousarray(image[..., ::-1])
+        x, transform = self.segmenter.preprocess(image)
+        self.reset_image()
+        self.features = self._embed(self.params, x)
+        self.transform = transform
+        self.original_size = (int(image.shape[0]), int(image.shape[1]))
+        self.input_size = tuple(int(v) for v in np.asarray(transform.resized_hw))
+        self.is_image_set = True
+
+    def get_image_embedding(self) -> np.ndarray:
+        """f32[1, C, E, E] (channels-first, as the reference) embedding of the current image."""
+        if not self.is_image_set:
+            raise RuntimeError("An image must be set with .set_image(...) to get an embedding.")
+        return np.asarray(self.features.image_embeddings).transpose(2, 0, 1)[None]
+
+    def predict(self, *args, **kwargs):
+        """Predicts masks for prompts on the current image, or on a given image.
+
+        Forms:
+          ``predict(point_coords=None, point_labels=None, box=None, mask_input=None,
+          multimask_output=True, return_logits=False)`` (as the reference), and
+          ``predict(image, **same)``: a 3-D first argument (or ``image=``) is
+          set with `set_image` first (point_coords are 2-D, [N, 2]).
+
+        Args:
+          point_coords: [N, 2] (x, y) original-image pixels, or None.
+          point_labels: [N] 1 foreground / 0 background; required with points.
+          box: [4] (x1, y1, x2, y2) original-image pixels, or None.
+          mask_input: [1, 256, 256] (or [256, 256]) previous low-res logits, or None.
+          multimask_output: 3 candidates if True, else 1.
+          return_logits: return float logits instead of boolean masks.
+          image: optional uint8[H, W, 3] RGB to set first.
+
+        Returns:
+          (masks bool[C, H, W] or f32 logits, scores f32[C], low_res f32[C, 256, 256]).
+
+        Raises:
+          RuntimeError: no image set. ValueError: malformed prompts.
+        """
+        if args and np.ndim(args[0]) == 3:
+            if "image" in kwargs:
+                raise TypeError("image given both positionally and as image=")
+            kwargs["image"], args = args[0], args[1:]
+        return self._predict(*args, **kwargs)
+
+    def _predict(self, point_coords=None, point_labels=None, box=None, mask_input=None,
+                 multimask_output: bool = True, return_logits: bool = False, *, image=None):
+        """`predict` with the reference's parameters (see there)."""
+        if image is not None:
+            self.set_image(image)
+        if not self.is_image_set:
+            raise RuntimeError("An image must be set with .set_image(...) before mask prediction.")
+        low = self.config.low_res_size
+        if point_coords is not None:
+            if point_labels is None:
+                raise ValueError("point_labels must be supplied if point_coords is supplied.")
+            point_coords = np.asarray(point_coords, np.float32)
+            point_labels = np.asarray(point_labels)
+            if point_coords.ndim != 2 or point_coords.shape[1] != 2:
+                raise ValueError(f"point_coords must have shape [N, 2]; got {point_coords.shape}")
+        elif point_labels is not None:
+            raise ValueError("point_labels given without point_coords")
+        if mask_input is not None:
+            mask_input = np.asarray(mask_input, np.float32)
+            if mask_input.shape not in ((1, low, low), (low, low)):
+                raise ValueError(f"mask_input must have shape [1, {low}, {low}]; "
+                                 f"got {mask_input.shape}")
+            mask_input = mask_input.reshape(low, low)
+        n = 0 if point_coords is None else int(point_coords.shape[0])
+        prompts = make_prompts(point_coords, point_labels, box, mask_input,
+                               num_slots=_slots(n), mask_shape=(low, low))
+        low_res, iou = self._decode(self.params, self.features, prompts, self.transform)
+        if multimask_output:
+            low_res, iou = low_res[1:], iou[1:]
+        else:
+            low_res, iou = low_res[:1], iou[:1]
+        masks = np.asarray(self._upsample(low_res, self.transform))
+        if not return_logits:
+            masks = masks > 0.0
+        return masks, np.asarray(iou), np.asarray(low_res)
+
+    def __call__(self, image, **kwargs):
+        """``set_image(image)`` then ``predict(**kwargs)``."""
+        return self.predict(image=image, **kwargs)

@@ -1,0 +1,200 @@
+"""Model zoo: names -> configs, random initialisation, and loading converted models.
+
+    from jaxseg_robust.models import zoo
+    zoo.known_names()                      # ['sam_vit_b', 'sam_vit_h', 'sam_vit_l', ...]
+    model = zoo.load("sam_vit_b")          # from $JAXSEG_ROBUST_MODELS/sam_vit_b
+    model = zoo.load("/path/to/converted") # or any converted directory
+    model = zoo.init("sam_vit_b", jax.random.key(0))   # random weights
+    masks, scores, low_res = model.predict(image, point_coords=..., point_labels=...)
+    model.segmenter, model.params          # the functional pieces (jit/vmap/grad)
+
+Converted models live in ``$JAXSEG_ROBUST_MODELS/<name>`` (default
+``~/.cache/jaxseg_robust/models/<name>``) and are made by ``python -m ports``.
+
+Extending: a family registers a `FamilySpec` (how to rebuild a config from
+JSON, build the segmenter, wrap it as a predictor) with `register_family`,
+and names with `register_model`. Registration modules listed in
+`BUILTIN_REGISTRATIONS` are imported on first use (add yours there, e.g.
+MobileSAM and SAM-HQ).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import pathlib
+from typing import Any, Callable
+
+import jax
+
+ENV_MODELS_DIR = "JAXSEG_ROBUST_MODELS"
+DEFAULT_MODELS_DIR = "~/.cache/jaxseg_robust/models"
+BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry",)
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilySpec:
+    """How the zoo handles one model family.
+
+    Attributes:
+      name: family name, as stored in a converted directory's config.json.
+      config_from_dict: JSON config dict -> config object.
+      with_compute_dtype: (config, "float32" | "bfloat16") -> config.
+      segmenter: config -> Segmenter.
+      predictor: (segmenter, params, name) -> predictor object (``set_image``/``predict``).
+      port_command: command template to convert weights, with ``{out}`` and ``{checkpoint}``.
+    """
+
+    name: str
+    config_from_dict: Callable[[dict], Any]
+    with_compute_dtype: Callable[[Any, str], Any]
+    segmenter: Callable[[Any], Any]
+    predictor: Callable[[Any, Any, str], Any]
+    port_command: str = "python -m ports {family} --checkpoint {checkpoint} --out {out}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A named model: family, static config and the official checkpoint file name."""
+
+    name: str
+    family: str
+    config: Any
+    checkpoint_hint: str = "<official checkpoint>.pth"
+    description: str = ""
+
+
+_FAMILIES: dict[str, FamilySpec] = {}
+_MODELS: dict[str, ModelSpec] = {}
+_loaded_builtins = False
+
+
+def register_family(spec: FamilySpec) -> None:
+    """Registers (or replaces) a model family."""
+    _FAMILIES[spec.name] = spec
+
+
+def register_model(name: str, family: str, config: Any, *, checkpoint_hint: str = "",
+                   description: str = "") -> None:
+    """Registers (or replaces) a named model of a registered family."""
+    if family not in _FAMILIES:
+        raise ValueError(f"register the family '{family}' before model '{name}'")
+    _MODELS[name] = ModelSpec(name, family, config,
+                              checkpoint_hint or "<official checkpoint>.pth", description)
+
+
+def _ensure_builtins() -> None:
+    global _loaded_builtins
+    if not _loaded_builtins:
+        _loaded_builtins = True
+        for module in BUILTIN_REGISTRATIONS:
+            importlib.import_module(module)
+
+
+def known_names() -> list[str]:
+    """Sorted names of every registered model."""
+    _ensure_builtins()
+    return sorted(_MODELS)
+
+
+def get(name: str) -> ModelSpec:
+    """The `ModelSpec` of a name.
+
+    Raises:
+      ValueError: unknown name (the message lists the known names).
+    """
+    _ensure_builtins()
+    if name not in _MODELS:
+        raise ValueError(f"unknown model '{name}'; known names: {', '.join(known_names())} "
+                         f"(or pass a directory made by `python -m ports`)")
+    return _MODELS[name]
+
+
+def family(name: str) -> FamilySpec:
+    """The `FamilySpec` of a family name (ValueError if unknown)."""
+    _ensure_builtins()
+    if name not in _FAMILIES:
+        raise ValueError(f"unknown model family '{name}'; known families: {sorted(_FAMILIES)}")
+    return _FAMILIES[name]
+
+
+def models_dir() -> pathlib.Path:
+    """Where named converted models live: $JAXSEG_ROBUST_MODELS or ~/.cache/jaxseg_robust/models."""
+    return pathlib.Path(os.environ.get(ENV_MODELS_DIR, DEFAULT_MODELS_DIR)).expanduser()
+
+
+def segmenter(name: str, *, compute_dtype: str | None = None):
+    """The Segmenter (static config only) of a named model."""
+    spec = get(name)
+    fam = family(spec.family)
+    config = spec.config if compute_dtype is None else fam.with_compute_dtype(spec.config,
+                                                                              compute_dtype)
+    return fam.segmenter(config)
+
+
+def init(name: str, key: jax.Array, *, compute_dtype: str | None = None):
+    """A predictor for a named model with random weights (``.segmenter``, ``.params``).
+
+    Args:
+      name: a registered model name.
+      key: PRNG key for the parameters.
+      compute_dtype: optional "float32" / "bfloat16" image-encoder compute dtype.
+    """
+    spec = get(name)
+    seg = segmenter(name, compute_dtype=compute_dtype)
+    return family(spec.family).predictor(seg, seg.init(key), name)
+
+
+def resolve(name_or_dir: str | os.PathLike) -> pathlib.Path:
+    """The converted-model directory of a name or a path.
+
+    Raises:
+      ValueError: neither an existing directory nor a known name.
+      FileNotFoundError: a known name whose weights were not converted yet
+        (the message gives the port command).
+    """
+    path = pathlib.Path(os.fspath(name_or_dir)).expanduser()
+    if path.is_dir():
+        return path
+    name = os.fspath(name_or_dir)
+    spec = get(name)  # raises for unknown names
+    target = models_dir() / name
+    if not target.is_dir():
+        command = family(spec.family).port_command.format(
+            family=spec.family, checkpoint=spec.checkpoint_hint, out=target)
+        raise FileNotFoundError(
+            f"model '{name}' is known but its weights are not in {target}; convert the official "
+            f"checkpoint first:\n  {command}\n(or set ${ENV_MODELS_DIR} to the folder holding "
+            f"converted models)")
+    return target
+
+
+def load_params(name_or_dir: str | os.PathLike, *, compute_dtype: str | None = None):
+    """Loads a converted model's pieces.
+
+    Returns:
+      (segmenter, params pytree of jax arrays, meta dict from config.json).
+
+    Raises:
+      see `resolve`; `ports.store.StoreError` for damaged directories or
+      parameters that do not match the config.
+    """
+    from ports import store  # noqa: PLC0415
+
+    path = resolve(name_or_dir)
+    params, meta = store.load(path)
+    fam = family(meta["family"])
+    config = fam.config_from_dict(meta["config"])
+    if compute_dtype is not None:
+        config = fam.with_compute_dtype(config, compute_dtype)
+    seg = fam.segmenter(config)
+    store.check_tree(params, seg.param_shapes(), what=os.fspath(path))
+    return seg, jax.tree.map(jax.numpy.asarray, params), meta
+
+
+def load(name_or_dir: str | os.PathLike, *, compute_dtype: str | None = None):
+    """A predictor (``set_image`` / ``predict``) for a converted model, by name or directory."""
+    seg, params, meta = load_params(name_or_dir, compute_dtype=compute_dtype)
+    name = os.fspath(name_or_dir)
+    return family(meta["family"]).predictor(seg, params, name)

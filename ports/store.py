@@ -1,0 +1,171 @@
+"""Converted-model directories: orbax parameters plus a JSON config.
+
+Layout of a model directory::
+
+    DIR/config.json   {"format_version", "family", "variant", "config": {...},
+                       "source": {"path", "sha256", "bytes"} | null,
+                       "jaxseg_robust_version"}
+    DIR/params/       orbax-checkpoint (StandardCheckpointer) of the param pytree
+
+Nothing here needs torch. `load` returns numpy arrays; the caller checks them
+against the model it builds from the config (see `check_tree`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+from typing import Any, Mapping
+
+import numpy as np
+from flax import traverse_util
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+PARAMS_DIR = "params"
+
+
+class StoreError(ValueError):
+    """A model directory is missing, incomplete or does not match its model."""
+
+
+def file_sha256(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _checkpointer():
+    import orbax.checkpoint as ocp  # noqa: PLC0415  (heavy import, only when used)
+
+    return ocp.StandardCheckpointer()
+
+
+def save(out_dir: str | os.PathLike, params: Mapping, *, family: str, variant: str,
+         config: Mapping[str, Any], source_path: str | os.PathLike | None = None,
+         overwrite: bool = False) -> str:
+    """Writes ``params`` (orbax) and config.json into ``out_dir``.
+
+    Args:
+      out_dir: target directory (created; must not hold a model unless ``overwrite``).
+      params: nested dict of float arrays.
+      family, variant: model family ("sam", ...) and variant ("vit_b", ...).
+      config: the JSON-representable model config (``SamConfig.to_dict()``).
+      source_path: the checkpoint converted from; its SHA-256 and size are recorded.
+      overwrite: replace an existing model (its params/ and config.json only).
+
+    Returns:
+      The absolute output directory.
+
+    Raises:
+      StoreError: ``out_dir`` already holds a model and ``overwrite`` is False,
+        or it is a file.
+    """
+    from jaxseg_robust import __version__  # noqa: PLC0415
+
+    out = pathlib.Path(out_dir).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise StoreError(f"--out {out} exists and is not a directory")
+    params_dir, config_file = out / PARAMS_DIR, out / CONFIG_FILE
+    if params_dir.exists() or config_file.exists():
+        if not overwrite:
+            raise StoreError(f"{out} already holds a converted model (pass overwrite / --overwrite "
+                             f"to replace it)")
+        shutil.rmtree(params_dir, ignore_errors=True)
+        config_file.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    source = None
+    if source_path is not None:
+        source = {"path": os.fspath(source_path), "sha256": file_sha256(source_path),
+                  "bytes": os.path.getsize(source_path)}
+    tree = {k: np.asarray(v, np.float32) for k, v in
+            traverse_util.flatten_dict(dict(params), sep="/").items()}
+    ckptr = _checkpointer()
+    ckptr.save(params_dir, traverse_util.unflatten_dict(tree, sep="/"))
+    ckptr.wait_until_finished()
+    meta = {"format_version": FORMAT_VERSION, "family": family, "variant": variant,
+            "config": dict(config), "source": source, "jaxseg_robust_version": __version__}
+    tmp = out / (CONFIG_FILE + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    tmp.replace(config_file)  # config.json appears only once the params are complete
+    return os.fspath(out)
+
+
+def read_meta(model_dir: str | os.PathLike) -> dict:
+    """Reads and validates DIR/config.json.
+
+    Raises:
+      StoreError: no such directory, no/invalid config.json, missing fields,
+        or an unsupported format version.
+    """
+    d = pathlib.Path(model_dir).expanduser()
+    if not d.is_dir():
+        raise StoreError(f"model directory not found: {d}")
+    path = d / CONFIG_FILE
+    if not path.is_file():
+        raise StoreError(f"{d} is not a converted model directory: {CONFIG_FILE} is missing "
+                         f"(convert a checkpoint with: python -m ports <family> --checkpoint "
+                         f"X.pth --out {d})")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise StoreError(f"{path}: invalid JSON: {err}") from None
+    missing = [k for k in ("format_version", "family", "variant", "config") if k not in meta]
+    if missing:
+        raise StoreError(f"{path}: missing field(s) {missing}")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise StoreError(f"{path}: format_version {meta['format_version']} is not supported "
+                         f"(this version reads {FORMAT_VERSION})")
+    return meta
+
+
+def load(model_dir: str | os.PathLike) -> tuple[dict, dict]:
+    """Loads a model directory.
+
+    Returns:
+      (params nested dict of float32 numpy arrays, meta dict from config.json).
+
+    Raises:
+      StoreError: see `read_meta`; or the params are missing or unreadable.
+    """
+    meta = read_meta(model_dir)
+    params_dir = pathlib.Path(model_dir).expanduser().resolve() / PARAMS_DIR
+    if not params_dir.is_dir():
+        raise StoreError(f"{model_dir}: the parameter checkpoint '{PARAMS_DIR}/' is missing")
+    try:
+        restored = _checkpointer().restore(params_dir)
+    except Exception as err:  # orbax raises many types for damaged checkpoints
+        raise StoreError(f"{params_dir}: cannot read the parameter checkpoint: "
+                         f"{type(err).__name__}: {err}") from None
+    params = traverse_util.unflatten_dict(
+        {k: np.asarray(v) for k, v in traverse_util.flatten_dict(dict(restored), sep="/").items()},
+        sep="/")
+    return params, meta
+
+
+def check_tree(params: Mapping, expected: Mapping, *, what: str) -> None:
+    """Checks that ``params`` has exactly the paths and shapes of ``expected``.
+
+    Raises:
+      StoreError: naming the first missing, unexpected or mis-shaped path.
+    """
+    got = traverse_util.flatten_dict(dict(params), sep="/")
+    want = traverse_util.flatten_dict(dict(expected), sep="/")
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    if missing:
+        raise StoreError(f"{what}: parameter '{missing[0]}' is missing"
+                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if extra:
+        raise StoreError(f"{what}: unexpected parameter '{extra[0]}'"
+                         + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+    for path in sorted(want):
+        if tuple(np.shape(got[path])) != tuple(want[path].shape):
+            raise StoreError(f"{what}: parameter '{path}' has shape {tuple(np.shape(got[path]))}, "
+                             f"the model expects {tuple(want[path].shape)}")

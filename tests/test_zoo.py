@@ -1,0 +1,74 @@
+"""Tests of the model zoo (names, random init, loading converted directories)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from jaxseg_robust.models import zoo
+from jaxseg_robust.models.sam.registry import SAM_CONFIGS, TINY_CONFIG
+from ports import store
+
+
+def test_known_names_and_lookup():
+    names = zoo.known_names()
+    assert {"sam_vit_b", "sam_vit_l", "sam_vit_h", "sam_tiny"} <= set(names)
+    assert zoo.get("sam_vit_h").config == SAM_CONFIGS["vit_h"]
+    assert zoo.get("sam_vit_b").checkpoint_hint == "sam_vit_b_01ec64.pth"
+    with pytest.raises(ValueError, match="sam_vit_b"):  # the message lists known names
+        zoo.get("sam_vit_x")
+    with pytest.raises(ValueError, match="unknown model family"):
+        zoo.family("no_family")
+    with pytest.raises(ValueError, match="register the family"):
+        zoo.register_model("x", "no_family", TINY_CONFIG)
+
+
+def test_models_dir_env(monkeypatch, tmp_path):
+    monkeypatch.delenv(zoo.ENV_MODELS_DIR, raising=False)
+    assert zoo.models_dir() == pathlib.Path("~/.cache/jaxseg_robust/models").expanduser()
+    monkeypatch.setenv(zoo.ENV_MODELS_DIR, str(tmp_path))
+    assert zoo.models_dir() == tmp_path
+
+
+def test_load_errors_name_the_problem(monkeypatch, tmp_path):
+    monkeypatch.setenv(zoo.ENV_MODELS_DIR, str(tmp_path))
+    with pytest.raises(FileNotFoundError) as err:
+        zoo.load("sam_vit_b")
+    message = str(err.value)
+    assert "python -m ports sam --checkpoint sam_vit_b_01ec64.pth" in message
+    assert str(tmp_path / "sam_vit_b") in message
+    with pytest.raises(ValueError, match="known names: .*sam_vit_b"):
+        zoo.load("definitely_not_a_model")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(store.StoreError, match="config.json"):
+        zoo.load(empty)
+
+
+def test_init_save_load_round_trip(monkeypatch, tmp_path):
+    model = zoo.init("sam_tiny", jax.random.key(3))
+    assert model.config == TINY_CONFIG
+    again = zoo.init("sam_tiny", jax.random.key(3))
+    jax.tree.map(np.testing.assert_array_equal, model.params, again.params)
+    out = tmp_path / "sam_tiny"
+    store.save(out, model.params, family="sam", variant="tiny", config=TINY_CONFIG.to_dict())
+    monkeypatch.setenv(zoo.ENV_MODELS_DIR, str(tmp_path))
+    for loaded in (zoo.load(out), zoo.load("sam_tiny")):
+        assert loaded.config == TINY_CONFIG
+        jax.tree.map(np.testing.assert_array_equal, loaded.params, model.params)
+    bf16 = zoo.load(out, compute_dtype="bfloat16")
+    assert bf16.config.compute_dtype == "bfloat16"
+    assert zoo.segmenter("sam_tiny", compute_dtype="bfloat16").config.compute_dtype == "bfloat16"
+
+
+def test_load_rejects_params_that_do_not_match_the_config(tmp_path):
+    model = zoo.init("sam_tiny", 0)
+    wider = dataclasses.replace(TINY_CONFIG, mask_in_chans=16)
+    out = tmp_path / "mismatch"
+    store.save(out, model.params, family="sam", variant="tiny", config=wider.to_dict())
+    with pytest.raises(store.StoreError, match="prompt_encoder/mask_downscaling"):
+        zoo.load(out)
