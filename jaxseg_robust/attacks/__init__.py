@@ -1,0 +1,1 @@
+"""Attacks on segmentation models: prompt attacks and image-perturbation attacks (perturb/)."""
