@@ -1,4 +1,22 @@
-"""MobileSAM's TinyViT image encoder: PyTorch state dict -> Flax parameters, strictly.
+"""MobileSAM checkpoints -> jaxseg_robust Flax parameters, strictly.
+
+``python -m ports mobile_sam --checkpoint mobile_sam.pt --out DIR``
+
+The whole model (`convert_mobile_sam`): MobileSAM's TinyViT encoder (the key
+table below) plus SAM's prompt encoder and mask decoder (the rules of
+ports/sam.py; ``build_sam_vit_t`` uses SAM's default decoder settings),
+saved as zoo family "sam", variant "mobile_sam" (zoo name ``mobile_sam``).
+SAM, SAM-HQ and SAM-HQ-TinyViT checkpoints are refused with a message naming
+the key that identifies them and the port to use.
+
+Attention biases: MobileSAM's ``build_sam_vit_t(checkpoint)`` switches the
+model to eval mode *before* loading the weights, which caches each TinyViT
+attention's bias table (``ab``) while the biases are still zero; unless the
+caller calls ``.eval()`` again (as MobileSAM's README does), the reference
+then runs with all attention biases zero. The port uses the checkpoint's
+``attention_biases`` (the README usage), as the parity tests check.
+
+The encoder:
 
 The key table (`tiny_vit_rules`) maps every *parameter* of MobileSAM's
 ``TinyViT`` (``mobile_sam/modeling/tiny_vit_sam.py``) onto
@@ -29,6 +47,8 @@ Flax layout (under ``flax_prefix``): ``patch_embed/conv_{0,1}``,
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 from typing import Mapping
 
@@ -214,3 +234,76 @@ def convert_tiny_vit(
     kept = prepare_tiny_vit_state_dict(state_dict, config, torch_prefix=torch_prefix, what=what)
     rules = tiny_vit_rules(torch_prefix=torch_prefix, flax_prefix="")
     return convert(kept, rules, tiny_vit_param_shapes(config), what=what)
+
+
+# ---- the whole MobileSAM model -------------------------------------------------------
+
+def convert_mobile_sam(state_dict: Mapping[str, np.ndarray], config=None, *,
+                       what: str = "checkpoint") -> dict:
+    """Strictly converts a full MobileSAM state dict.
+
+    Args:
+      state_dict: torch key -> numpy array (``image_encoder.*`` TinyViT,
+        ``prompt_encoder.*``, ``mask_decoder.*``).
+      config: a `SamConfig` with a TinyViT encoder; default the zoo's ``mobile_sam``.
+      what: a name for error messages.
+
+    Returns:
+      The Flax param tree {"image_encoder", "prompt_encoder", "mask_decoder"}
+      of float32 numpy arrays.
+
+    Raises:
+      PortError: naming the offending key (another family's checkpoint,
+        unused, missing, mis-shaped, non-float or non-finite entries).
+    """
+    from jaxseg_robust.models.sam.registry import MOBILE_SAM_CONFIG  # noqa: PLC0415
+    from jaxseg_robust.models.sam.segmenter import SamSegmenter  # noqa: PLC0415
+    from ports.sam import (check_official_keys, check_sam_family,  # noqa: PLC0415
+                           mask_decoder_rules, official_mask_decoder_shapes,
+                           official_prompt_encoder_shapes, prompt_encoder_rules)
+
+    config = MOBILE_SAM_CONFIG if config is None else config
+    if config.encoder_kind != "tiny_vit":
+        raise ValueError(f"config must have a TinyViT encoder (encoder_kind 'tiny_vit'); "
+                         f"got '{config.encoder_kind}'")
+    check_sam_family(state_dict, ("mobile_sam",), "mobile_sam", what=what)
+    kept = prepare_tiny_vit_state_dict(state_dict, config.encoder, what=what)
+    # prompt encoder and decoder: the official key list, so errors name torch keys
+    check_official_keys({k: v for k, v in kept.items() if not k.startswith("image_encoder.")},
+                        {**official_prompt_encoder_shapes(config),
+                         **official_mask_decoder_shapes(config)}, what=what)
+    rules = tiny_vit_rules() + prompt_encoder_rules() + mask_decoder_rules()
+    return convert(kept, rules, SamSegmenter(config).param_shapes(), what=what)
+
+
+def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
+                    overwrite: bool = False) -> str:
+    """Reads a MobileSAM ``.pt``, converts it strictly, saves it with `ports.store`.
+
+    Returns:
+      The output directory (family "sam", variant "mobile_sam").
+    """
+    from jaxseg_robust.models.sam.registry import MOBILE_SAM_CONFIG  # noqa: PLC0415
+    from ports import store  # noqa: PLC0415
+    from ports.torch_checkpoint import load_state_dict  # noqa: PLC0415
+
+    checkpoint = os.fspath(checkpoint)
+    params = convert_mobile_sam(load_state_dict(checkpoint), MOBILE_SAM_CONFIG, what=checkpoint)
+    return store.save(out_dir, params, family=MOBILE_SAM_CONFIG.family,
+                      variant=MOBILE_SAM_CONFIG.variant, config=MOBILE_SAM_CONFIG.to_dict(),
+                      source_path=checkpoint, overwrite=overwrite)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``python -m ports mobile_sam``."""
+    parser.add_argument("--checkpoint", required=True, help="MobileSAM checkpoint (mobile_sam.pt)")
+    parser.add_argument("--out", required=True, help="output directory for the converted model")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a converted model already in --out")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the port; prints where the model went. Returns an exit code."""
+    out = port_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
+    print(f"converted {args.checkpoint} -> {out}")
+    return 0

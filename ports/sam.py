@@ -48,7 +48,7 @@ def patch_conv_transpose(x: np.ndarray) -> np.ndarray:
 
 # ---- rule builders -------------------------------------------------------------
 
-def _rules(torch_prefix: str, flax_prefix: str,
+def prefixed_rules(torch_prefix: str, flax_prefix: str,
            table: list[tuple[str, str, object]]) -> list[Rule]:
     """Prefixes a table of (torch regex tail, flax template tail, transform)."""
     head = re.escape(torch_prefix)
@@ -87,7 +87,7 @@ def vit_encoder_rules(torch_prefix: str = "image_encoder.",
         (r"neck\.2\.weight", "neck/conv2/kernel", conv),
         *_norm(r"neck\.3", "neck/norm2"),
     ]
-    return _rules(torch_prefix, flax_prefix, table)
+    return prefixed_rules(torch_prefix, flax_prefix, table)
 
 
 def prompt_encoder_rules(torch_prefix: str = "prompt_encoder.",
@@ -108,7 +108,7 @@ def prompt_encoder_rules(torch_prefix: str = "prompt_encoder.",
         (r"mask_downscaling\.6\.weight", "mask_downscaling/proj/kernel", conv1x1_as_linear),
         (r"mask_downscaling\.6\.bias", "mask_downscaling/proj/bias", identity),
     ]
-    return _rules(torch_prefix, flax_prefix, table)
+    return prefixed_rules(torch_prefix, flax_prefix, table)
 
 
 def _attention(torch_name: str, flax_name: str) -> list[tuple[str, str, object]]:
@@ -132,7 +132,7 @@ def two_way_transformer_rules(torch_prefix: str = "mask_decoder.transformer.",
         *_attention(r"final_attn_token_to_image", "final_attn_token_to_image"),
         *_norm(r"norm_final_attn", "norm_final_attn"),
     ]
-    return _rules(torch_prefix, flax_prefix, table)
+    return prefixed_rules(torch_prefix, flax_prefix, table)
 
 
 def mask_decoder_rules(torch_prefix: str = "mask_decoder.",
@@ -150,7 +150,7 @@ def mask_decoder_rules(torch_prefix: str = "mask_decoder.",
                 r"output_hypernetworks_mlps_\1/layers_\2"),
         *_dense(r"iou_prediction_head\.layers\.(\d+)", r"iou_prediction_head/layers_\1"),
     ]
-    return (_rules(torch_prefix, flax_prefix, table)
+    return (prefixed_rules(torch_prefix, flax_prefix, table)
             + two_way_transformer_rules(torch_prefix + "transformer.", flax_prefix + "transformer/"))
 
 
@@ -161,23 +161,18 @@ def sam_rules() -> list[Rule]:
 
 # ---- the official layout, for variant inference and tests ----------------------
 
-def official_sam_shapes(config) -> dict[str, tuple[int, ...]]:
-    """Every key and shape of the official ``Sam`` state dict for a ViT `SamConfig`.
-
-    Written from the reference modules (``build_sam._build_sam``); the parity
-    suite checks it against the reference builders for ViT-B/L/H.
-    """
-    vit, c, dec = config.encoder, config.prompt_embed_dim, config.decoder
+def official_vit_shapes(vit, prefix: str = "image_encoder.") -> dict[str, tuple[int, ...]]:
+    """Every key and shape of the official ``ImageEncoderViT`` state dict for a `ViTConfig`."""
     d, hd = vit.embed_dim, vit.embed_dim // vit.num_heads
     g, p = vit.grid_size, vit.patch_size
     out: dict[str, tuple[int, ...]] = {
-        "image_encoder.pos_embed": (1, g, g, d),
-        "image_encoder.patch_embed.proj.weight": (d, vit.in_chans, p, p),
-        "image_encoder.patch_embed.proj.bias": (d,),
+        prefix + "pos_embed": (1, g, g, d),
+        prefix + "patch_embed.proj.weight": (d, vit.in_chans, p, p),
+        prefix + "patch_embed.proj.bias": (d,),
     }
     hidden = int(d * vit.mlp_ratio)
     for i in range(vit.depth):
-        k = f"image_encoder.blocks.{i}."
+        k = f"{prefix}blocks.{i}."
         size = g if i in vit.global_attn_indexes else vit.window_size
         out.update({k + "norm1.weight": (d,), k + "norm1.bias": (d,),
                     k + "attn.rel_pos_h": (2 * size - 1, hd), k + "attn.rel_pos_w": (2 * size - 1, hd),
@@ -187,12 +182,17 @@ def official_sam_shapes(config) -> dict[str, tuple[int, ...]]:
                     k + "mlp.lin1.weight": (hidden, d), k + "mlp.lin1.bias": (hidden,),
                     k + "mlp.lin2.weight": (d, hidden), k + "mlp.lin2.bias": (d,)})
     oc = vit.out_chans
-    out.update({"image_encoder.neck.0.weight": (oc, d, 1, 1), "image_encoder.neck.1.weight": (oc,),
-                "image_encoder.neck.1.bias": (oc,), "image_encoder.neck.2.weight": (oc, oc, 3, 3),
-                "image_encoder.neck.3.weight": (oc,), "image_encoder.neck.3.bias": (oc,)})
-    m = config.mask_in_chans
-    pe = "prompt_encoder."
-    out[pe + "pe_layer.positional_encoding_gaussian_matrix"] = (2, c // 2)
+    out.update({prefix + "neck.0.weight": (oc, d, 1, 1), prefix + "neck.1.weight": (oc,),
+                prefix + "neck.1.bias": (oc,), prefix + "neck.2.weight": (oc, oc, 3, 3),
+                prefix + "neck.3.weight": (oc,), prefix + "neck.3.bias": (oc,)})
+    return out
+
+
+def official_prompt_encoder_shapes(config,
+                                   prefix: str = "prompt_encoder.") -> dict[str, tuple[int, ...]]:
+    """Every key and shape of the official ``PromptEncoder`` state dict for a `SamConfig`."""
+    c, m, pe = config.prompt_embed_dim, config.mask_in_chans, prefix
+    out = {pe + "pe_layer.positional_encoding_gaussian_matrix": (2, c // 2)}
     for i in range(4):
         out[pe + f"point_embeddings.{i}.weight"] = (1, c)
     out.update({pe + "not_a_point_embed.weight": (1, c),
@@ -204,14 +204,22 @@ def official_sam_shapes(config) -> dict[str, tuple[int, ...]]:
                 pe + "mask_downscaling.4.weight": (m,), pe + "mask_downscaling.4.bias": (m,),
                 pe + "mask_downscaling.6.weight": (c, m, 1, 1), pe + "mask_downscaling.6.bias": (c,),
                 pe + "no_mask_embed.weight": (1, c)})
-    md, ci = "mask_decoder.", c // dec.attention_downsample_rate
+    return out
 
-    def attention(prefix: str, internal: int) -> None:
+
+def official_mask_decoder_shapes(config,
+                                 prefix: str = "mask_decoder.") -> dict[str, tuple[int, ...]]:
+    """Every key and shape of the official SAM ``MaskDecoder`` state dict for a `SamConfig`."""
+    c, dec, md = config.prompt_embed_dim, config.decoder, prefix
+    ci = c // dec.attention_downsample_rate
+    out: dict[str, tuple[int, ...]] = {}
+
+    def attention(key: str, internal: int) -> None:
         for proj in ("q_proj", "k_proj", "v_proj"):
-            out[prefix + proj + ".weight"] = (internal, c)
-            out[prefix + proj + ".bias"] = (internal,)
-        out[prefix + "out_proj.weight"] = (c, internal)
-        out[prefix + "out_proj.bias"] = (c,)
+            out[key + proj + ".weight"] = (internal, c)
+            out[key + proj + ".bias"] = (internal,)
+        out[key + "out_proj.weight"] = (c, internal)
+        out[key + "out_proj.bias"] = (c,)
 
     for i in range(dec.transformer_depth):
         k = md + f"transformer.layers.{i}."
@@ -234,17 +242,74 @@ def official_sam_shapes(config) -> dict[str, tuple[int, ...]]:
                 md + "output_upscaling.1.weight": (c // 4,), md + "output_upscaling.1.bias": (c // 4,),
                 md + "output_upscaling.3.weight": (c // 4, c // 8, 2, 2),
                 md + "output_upscaling.3.bias": (c // 8,)})
-
-    def mlp(prefix: str, dims: list[int]) -> None:
-        for j in range(len(dims) - 1):
-            out[prefix + f"layers.{j}.weight"] = (dims[j + 1], dims[j])
-            out[prefix + f"layers.{j}.bias"] = (dims[j + 1],)
-
     for i in range(n_tokens):
-        mlp(md + f"output_hypernetworks_mlps.{i}.", [c, c, c, c // 8])
-    mlp(md + "iou_prediction_head.",
-        [c] + [dec.iou_head_hidden_dim] * (dec.iou_head_depth - 1) + [n_tokens])
+        out.update(official_mlp_shapes(md + f"output_hypernetworks_mlps.{i}.", [c, c, c, c // 8]))
+    out.update(official_mlp_shapes(
+        md + "iou_prediction_head.",
+        [c] + [dec.iou_head_hidden_dim] * (dec.iou_head_depth - 1) + [n_tokens]))
     return out
+
+
+def official_mlp_shapes(prefix: str, dims: list[int]) -> dict[str, tuple[int, ...]]:
+    """Keys and shapes of SAM's ``MLP`` with layer widths ``dims`` (``layers.{j}``)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for j in range(len(dims) - 1):
+        out[prefix + f"layers.{j}.weight"] = (dims[j + 1], dims[j])
+        out[prefix + f"layers.{j}.bias"] = (dims[j + 1],)
+    return out
+
+
+def official_sam_shapes(config) -> dict[str, tuple[int, ...]]:
+    """Every key and shape of the official ``Sam`` state dict for a ViT `SamConfig`.
+
+    Written from the reference modules (``build_sam._build_sam``); the parity
+    suite checks it against the reference builders for ViT-B/L/H.
+    """
+    return {**official_vit_shapes(config.encoder), **official_prompt_encoder_shapes(config),
+            **official_mask_decoder_shapes(config)}
+
+
+# ---- which SAM-family port a checkpoint belongs to --------------------------------
+
+# (family, a key only that family's official checkpoints have), most specific first.
+_FAMILY_MARKERS = (
+    ("sam_hq", "mask_decoder.hf_token.weight"),
+    ("mobile_sam", "image_encoder.patch_embed.seq.0.c.weight"),
+    ("sam", "image_encoder.patch_embed.proj.weight"),
+)
+PORT_OF_FAMILY = {"sam": "sam", "mobile_sam": "mobile_sam", "sam_hq": "sam_hq"}
+
+
+def guess_sam_family(state_dict: Mapping[str, np.ndarray]) -> tuple[str, str] | None:
+    """(family, the key that says so) of a SAM-family state dict, or None.
+
+    "sam_hq" (an HQ decoder, ViT or TinyViT encoder), "mobile_sam" (a TinyViT
+    encoder with SAM's decoder) or "sam" (a ViT encoder with SAM's decoder).
+    """
+    for family, marker in _FAMILY_MARKERS:
+        if marker in state_dict:
+            return family, marker
+    return None
+
+
+def check_sam_family(state_dict: Mapping[str, np.ndarray], accepted: tuple[str, ...],
+                     port: str, *, what: str = "checkpoint") -> None:
+    """Raises PortError when a state dict is recognisably another SAM family's.
+
+    Args:
+      state_dict: torch key -> array.
+      accepted: families this port converts.
+      port: this port's name (for the message).
+      what: a name for error messages.
+    """
+    guess = guess_sam_family(state_dict)
+    if guess is not None and guess[0] not in accepted:
+        family, marker = guess
+        kind = {"sam_hq": "a SAM-HQ", "mobile_sam": "a MobileSAM",
+                "sam": "a SAM (ViT)"}[family]
+        raise PortError(f"{what}: key '{marker}' marks {kind} checkpoint, not one for "
+                        f"`python -m ports {port}` (wrong family); convert it with "
+                        f"`python -m ports {PORT_OF_FAMILY[family]}`")
 
 
 def infer_variant(state_dict: Mapping[str, np.ndarray], *, what: str = "checkpoint") -> str:
@@ -259,9 +324,12 @@ def infer_variant(state_dict: Mapping[str, np.ndarray], *, what: str = "checkpoi
     key = "image_encoder.patch_embed.proj.weight"
     if key not in state_dict:
         sample = ", ".join(f"'{k}'" for k in list(state_dict)[:3])
+        guess = guess_sam_family(state_dict)
+        hint = (f"; key '{guess[1]}' marks a '{guess[0]}' checkpoint: use `python -m ports "
+                f"{PORT_OF_FAMILY[guess[0]]}`") if guess else ""
         raise PortError(f"{what}: key '{key}' is missing, so this is not an official SAM ViT "
                         f"checkpoint (wrong family? first keys: {sample}); pass --variant or use "
-                        f"the port for its family")
+                        f"the port for its family{hint}")
     width = int(np.shape(state_dict[key])[0])
     blocks = {int(m.group(1)) for k in state_dict
               if (m := re.match(r"image_encoder\.blocks\.(\d+)\.", k))}
@@ -289,6 +357,7 @@ def convert_sam(state_dict: Mapping[str, np.ndarray], config, *, what: str = "ch
     """
     from jaxseg_robust.models.sam.segmenter import SamSegmenter  # noqa: PLC0415
 
+    check_sam_family(state_dict, ("sam",), "sam", what=what)
     check_official_keys(state_dict, official_sam_shapes(config), what=what)
     expected = SamSegmenter(config).param_shapes()
     return convert(state_dict, sam_rules(), expected, what=what)

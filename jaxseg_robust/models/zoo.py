@@ -63,6 +63,7 @@ class ModelSpec:
     config: Any
     checkpoint_hint: str = "<official checkpoint>.pth"
     description: str = ""
+    port_command: str = ""  # overrides the family's (e.g. MobileSAM: family "sam", port "mobile_sam")
 
 
 _FAMILIES: dict[str, FamilySpec] = {}
@@ -76,12 +77,17 @@ def register_family(spec: FamilySpec) -> None:
 
 
 def register_model(name: str, family: str, config: Any, *, checkpoint_hint: str = "",
-                   description: str = "") -> None:
-    """Registers (or replaces) a named model of a registered family."""
+                   description: str = "", port_command: str = "") -> None:
+    """Registers (or replaces) a named model of a registered family.
+
+    ``port_command`` (same placeholders as `FamilySpec.port_command`) is for
+    a model whose weights are converted by another port than its family's.
+    """
     if family not in _FAMILIES:
         raise ValueError(f"register the family '{family}' before model '{name}'")
     _MODELS[name] = ModelSpec(name, family, config,
-                              checkpoint_hint or "<official checkpoint>.pth", description)
+                              checkpoint_hint or "<official checkpoint>.pth", description,
+                              port_command)
 
 
 def _ensure_builtins() -> None:
@@ -161,7 +167,7 @@ def resolve(name_or_dir: str | os.PathLike) -> pathlib.Path:
     spec = get(name)  # raises for unknown names
     target = models_dir() / name
     if not target.is_dir():
-        command = family(spec.family).port_command.format(
+        command = (spec.port_command or family(spec.family).port_command).format(
             family=spec.family, checkpoint=spec.checkpoint_hint, out=target)
         raise FileNotFoundError(
             f"model '{name}' is known but its weights are not in {target}; convert the official "

@@ -7,6 +7,10 @@ segmenter holding one can be closed over by ``jit``) and round-trip through
 JSON (`SamConfig.to_dict` / `SamConfig.from_dict`) for converted-model
 directories.
 
+`SamHQConfig` (family "sam_hq") is a `SamConfig` whose mask decoder is
+SAM-HQ's: it also reads one early feature map of the image encoder
+(`early_feature_channels` says which one and its width per encoder kind).
+
 Image encoders register themselves with `register_image_encoder(kind,
 config_cls, build)`; ``build(config, dtype)`` returns a linen Module mapping
 f32[B, S, S, 3] (normalised, zero-padded) to f32[B, E, E, C] channels-last.
@@ -171,3 +175,59 @@ class SamConfig:
                                       what="mask decoder config")
         return dataclass_from_dict(cls, {**data, "encoder": encoder, "decoder": decoder},
                                    what="SAM config")
+
+
+def early_feature_channels(encoder_kind: str, encoder: Any) -> int:
+    """Channels of the early encoder feature SAM-HQ fuses into its mask features.
+
+    SAM-HQ reads the first entry of the encoder's ``interm_embeddings``:
+      * "vit": the output of the first global-attention block
+        (``global_attn_indexes[0]``; ViT-B block 2, ViT-L 5, ViT-H 7), ``embed_dim``
+        channels on the E x E patch grid;
+      * "tiny_vit": the output of stage 1 after its patch merging,
+        ``embed_dims[2]`` channels (160 for MobileSAM's TinyViT), which must
+        already be on the E x E grid (every later merge has stride 1), as
+        SAM-HQ's reference reshapes it to 64 x 64.
+
+    Raises:
+      ValueError: an encoder kind without such a feature, or a configuration
+        in which it does not exist or is not on the embedding grid.
+    """
+    if encoder_kind == "vit":
+        if not encoder.global_attn_indexes:
+            raise ValueError("SAM-HQ needs a ViT with at least one global-attention block "
+                             "(global_attn_indexes is empty)")
+        return int(encoder.embed_dim)
+    if encoder_kind == "tiny_vit":
+        if len(encoder.embed_dims) < 3:
+            raise ValueError(f"SAM-HQ needs a TinyViT with at least 3 stages (its early feature "
+                             f"is stage 1's merged output); got embed_dims {encoder.embed_dims}")
+        if any(s != 1 for s in encoder.merge_strides[2:]):
+            raise ValueError(f"SAM-HQ's TinyViT early feature (stage 1 output) must be on the "
+                             f"embedding grid: merge_strides after stage 1 must be 1, got "
+                             f"{encoder.merge_strides}")
+        return int(encoder.embed_dims[2])
+    raise ValueError(f"SAM-HQ has no early-feature rule for image encoder kind '{encoder_kind}' "
+                     f"(known: 'vit', 'tiny_vit')")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamHQConfig(SamConfig):
+    """A SAM-HQ model: `SamConfig` plus SAM-HQ's decoder (family "sam_hq").
+
+    The HQ mask decoder adds an HQ output token and fuses the early encoder
+    feature (`early_feature_channels`, ``vit_dim`` channels) with the image
+    embedding; no extra fields are needed, every HQ shape follows from the
+    encoder and ``prompt_embed_dim``.
+    """
+
+    family: str = "sam_hq"
+
+    def __post_init__(self):
+        super().__post_init__()
+        early_feature_channels(self.encoder_kind, self.encoder)  # validates
+
+    @property
+    def vit_dim(self) -> int:
+        """Channels of the early encoder feature (the reference's ``vit_dim``)."""
+        return early_feature_channels(self.encoder_kind, self.encoder)

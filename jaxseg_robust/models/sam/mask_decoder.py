@@ -82,6 +82,35 @@ class MaskDecoder(nn.Module):
         self.iou_prediction_head = MLP(c, cfg.iou_head_hidden_dim, self.num_mask_tokens,
                                        cfg.iou_head_depth)
 
+    def output_tokens(self) -> jnp.ndarray:
+        """f32[1 + K, C]: the IoU token, then the K mask tokens."""
+        return jnp.concatenate([self.iou_token, self.mask_tokens], axis=0)
+
+    def run_transformer(self, image_embeddings, image_pe, sparse, token_valid,
+                        dense: LowRankDense):
+        """The two-way transformer on ``[output tokens, prompt tokens]`` and the image.
+
+        Args: as `__call__`.
+
+        Returns:
+          (tokens f32[T_out + T, C] (output tokens first), image f32[E, E, C]).
+        """
+        e_h, e_w, c = image_embeddings.shape
+        output_tokens = self.output_tokens()
+        tokens = jnp.concatenate([output_tokens, sparse], axis=0)
+        valid = jnp.concatenate([jnp.ones((output_tokens.shape[0],), bool), token_valid])
+        hs, src = self.transformer(image_embeddings.reshape(e_h * e_w, c),
+                                   image_pe.reshape(e_h * e_w, c), tokens, valid,
+                                   dense.flatten_spatial())
+        return hs, src.reshape(e_h, e_w, c)
+
+    def sam_masks(self, mask_tokens_out: jnp.ndarray, blocks: jnp.ndarray) -> jnp.ndarray:
+        """SAM's K masks: f32[K, C] mask tokens, upscaled ``blocks`` -> f32[K, 4E, 4E]."""
+        hyper_in = jnp.stack([mlp(mask_tokens_out[i])
+                              for i, mlp in enumerate(self.output_hypernetworks_mlps)])
+        masks = jnp.einsum("kd,hwabxyd->khwabxy", hyper_in, blocks)  # [K, E, E, 2, 2, 2, 2]
+        return blocks_to_spatial(masks[..., None])[..., 0]  # [K, 4E, 4E]
+
     def __call__(self, image_embeddings, image_pe, sparse, token_valid, dense: LowRankDense):
         """Predicts every candidate mask for one prompt set.
 
@@ -94,18 +123,7 @@ class MaskDecoder(nn.Module):
         Returns:
           (masks f32[K, 4E, 4E] low-res logits, iou f32[K] predicted IoU).
         """
-        e_h, e_w, c = image_embeddings.shape
-        output_tokens = jnp.concatenate([self.iou_token, self.mask_tokens], axis=0)
-        tokens = jnp.concatenate([output_tokens, sparse], axis=0)
-        valid = jnp.concatenate([jnp.ones((output_tokens.shape[0],), bool), token_valid])
-        hs, src = self.transformer(image_embeddings.reshape(e_h * e_w, c),
-                                   image_pe.reshape(e_h * e_w, c), tokens, valid,
-                                   dense.flatten_spatial())
-        iou_token_out = hs[0]
-        mask_tokens_out = hs[1:1 + self.num_mask_tokens]
-        blocks = self.output_upscaling.blocks(src.reshape(e_h, e_w, c))
-        hyper_in = jnp.stack([mlp(mask_tokens_out[i])
-                              for i, mlp in enumerate(self.output_hypernetworks_mlps)])
-        masks = jnp.einsum("kd,hwabxyd->khwabxy", hyper_in, blocks)  # [K, E, E, 2, 2, 2, 2]
-        masks = blocks_to_spatial(masks[..., None])[..., 0]  # [K, 4E, 4E]
-        return masks, self.iou_prediction_head(iou_token_out)
+        hs, src = self.run_transformer(image_embeddings, image_pe, sparse, token_valid, dense)
+        blocks = self.output_upscaling.blocks(src)
+        masks = self.sam_masks(hs[1:1 + self.num_mask_tokens], blocks)
+        return masks, self.iou_prediction_head(hs[0])

@@ -16,6 +16,9 @@ This is the convenience layer; batched and differentiable use goes through
 ``predictor.segmenter`` and ``predictor.params``. Point-slot counts are
 rounded up to a power of two, so a few compiled decoders serve every call.
 
+`SamHQPredictor` is the same for SAM-HQ models (``segment_anything_hq``'s
+predictor: an extra ``hq_token_only`` argument, one output mask).
+
 Difference from the reference: an explicitly empty ``point_coords`` (shape
 [0, 2]) is treated like ``None`` (the reference would still append its
 padding token).
@@ -119,6 +122,12 @@ class SamPredictor:
     def _predict(self, point_coords=None, point_labels=None, box=None, mask_input=None,
                  multimask_output: bool = True, return_logits: bool = False, *, image=None):
         """`predict` with the reference's parameters (see there)."""
+        return self._predict_with(point_coords, point_labels, box, mask_input, return_logits,
+                                  image, dict(multimask_output=bool(multimask_output)))
+
+    def _predict_with(self, point_coords, point_labels, box, mask_input, return_logits, image,
+                      select_options: dict):
+        """`predict`; ``select_options`` go to ``segmenter.select``."""
         if image is not None:
             self.set_image(image)
         if not self.is_image_set:
@@ -143,10 +152,7 @@ class SamPredictor:
         prompts = make_prompts(point_coords, point_labels, box, mask_input,
                                num_slots=_slots(n), mask_shape=(low, low))
         low_res, iou = self._decode(self.params, self.features, prompts, self.transform)
-        if multimask_output:
-            low_res, iou = low_res[1:], iou[1:]
-        else:
-            low_res, iou = low_res[:1], iou[:1]
+        low_res, iou, _ = self.segmenter.select(low_res, iou, **select_options)
         masks = np.asarray(self._upsample(low_res, self.transform))
         if not return_logits:
             masks = masks > 0.0
@@ -155,3 +161,25 @@ class SamPredictor:
     def __call__(self, image, **kwargs):
         """``set_image(image)`` then ``predict(**kwargs)``."""
         return self.predict(image=image, **kwargs)
+
+
+class SamHQPredictor(SamPredictor):
+    """``segment_anything_hq.SamPredictor``-compatible predictor for SAM-HQ models.
+
+    ``predict`` takes the reference's extra ``hq_token_only`` (default False)
+    and, as the reference, always returns one mask (C = 1): the chosen SAM
+    candidate plus the HQ mask, or the HQ mask alone (see `hq_select`).
+    The cached features hold the early encoder feature too.
+    """
+
+    def _predict(self, point_coords=None, point_labels=None, box=None, mask_input=None,
+                 multimask_output: bool = True, return_logits: bool = False,
+                 hq_token_only: bool = False, *, image=None):
+        """`predict` with the reference's parameters (see `SamPredictor.predict`).
+
+        Returns:
+          (masks bool[1, H, W] or f32 logits, scores f32[1], low_res f32[1, 256, 256]).
+        """
+        return self._predict_with(point_coords, point_labels, box, mask_input, return_logits,
+                                  image, dict(multimask_output=bool(multimask_output),
+                                              hq_token_only=bool(hq_token_only)))

@@ -11,6 +11,8 @@ the leaf name, deterministically from a seed or a JAX key:
   * ``scale`` (LayerNorm): 1 + 0.1 N(0, 1);
   * ``pos_embed``, ``rel_pos_h``, ``rel_pos_w``: N(0, 0.02²) (zero in SAM's
     training init; non-zero here so those paths are exercised);
+  * ``var``, ``mean`` (TinyViT's frozen BatchNorm statistics): U(0.5, 1.5)
+    (a variance must be positive) and N(0, 0.1²);
   * anything else (token/point embeddings, the Fourier matrix): N(0, 1),
     as torch's ``nn.Embedding`` / ``randn``.
 """
@@ -40,6 +42,10 @@ def draw_leaf(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np
         return rng.uniform(-0.1, 0.1, shape).astype(np.float32)
     if name == "scale":
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if name == "var":
+        return rng.uniform(0.5, 1.5, shape).astype(np.float32)
+    if name == "mean":
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
     if name in ("pos_embed", "rel_pos_h", "rel_pos_w"):
         return (0.02 * rng.standard_normal(shape)).astype(np.float32)
     return rng.standard_normal(shape).astype(np.float32)

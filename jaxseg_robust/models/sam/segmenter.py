@@ -135,10 +135,15 @@ class SamSegmenter:
                                                              *prompt_args)
             e, c = cfg.embedding_size, cfg.prompt_embed_dim
             grid = jnp.zeros((e, e, c))
-            return self.mask_decoder.init(key, grid, grid, sparse, valid, dense)["params"]
+            return self.mask_decoder.init(key, grid, grid, sparse, valid, dense,
+                                          *self._decoder_extra_inputs())["params"]
 
         dec = jax.eval_shape(decoder_init, prompt)
         return {"image_encoder": img, "prompt_encoder": prompt, "mask_decoder": dec}
+
+    def _decoder_extra_inputs(self) -> tuple:
+        """Dummy inputs the mask decoder takes after the dense prompt (none for SAM)."""
+        return ()
 
     def init(self, key) -> dict:
         """Random parameters of sensible scale (see `random_init.random_params`).
@@ -207,6 +212,12 @@ class SamSegmenter:
 
     def embed(self, params, model_input: jnp.ndarray) -> SamFeatures:
         """f32[S, S, 3] (or [B, S, S, 3]) model input -> `SamFeatures` (batched alike)."""
+        x, single = self._batched_input(model_input)
+        emb, _ = self.encode_image(params, x)
+        return SamFeatures(image_embeddings=emb[0] if single else emb)
+
+    def _batched_input(self, model_input: jnp.ndarray) -> tuple[jnp.ndarray, bool]:
+        """Checks a model input; returns (f32[B, S, S, 3], whether it was one image)."""
         cfg = self.config
         if model_input.shape[-3:] != (cfg.image_size, cfg.image_size, 3) or \
                 model_input.ndim not in (3, 4):
@@ -214,9 +225,7 @@ class SamSegmenter:
                              f"[B, {cfg.image_size}, {cfg.image_size}, 3]; "
                              f"got {model_input.shape}")
         single = model_input.ndim == 3
-        x = model_input[None] if single else model_input
-        emb, _ = self.encode_image(params, x)
-        return SamFeatures(image_embeddings=emb[0] if single else emb)
+        return (model_input[None] if single else model_input), single
 
     def dense_pe(self, params) -> jnp.ndarray:
         """f32[E, E, C] position encoding of the embedding grid."""
@@ -238,13 +247,35 @@ class SamSegmenter:
           (low_res f32[K, 4E, 4E] logits, iou f32[K]); K = num_multimask_outputs + 1,
           candidate 0 is the single-mask output.
         """
+        emb = self._check_image_embeddings(features)
+        sparse, valid, dense = self.encode_prompts(params, prompts, transform)
+        return self.mask_decoder.apply({"params": params["mask_decoder"]}, emb,
+                                       self.dense_pe(params), sparse, valid, dense)
+
+    def _check_image_embeddings(self, features: SamFeatures) -> jnp.ndarray:
+        """features.image_embeddings f32[E, E, C] of one image (ValueError otherwise)."""
         emb = features.image_embeddings
         cfg = self.config
         if emb.shape != (cfg.embedding_size, cfg.embedding_size, cfg.prompt_embed_dim):
             raise ValueError(f"features.image_embeddings must be [{cfg.embedding_size}, "
                              f"{cfg.embedding_size}, {cfg.prompt_embed_dim}] for one image "
                              f"(vmap over batches); got {emb.shape}")
-        low = cfg.low_res_size
+        return emb
+
+    def encode_prompts(self, params, prompts: Prompts, transform: Transform):
+        """The prompt encoder on one prompt set (coordinates mapped to the model frame).
+
+        Args:
+          params: the model's param tree.
+          prompts: one `Prompts` (coordinates in original-image pixels,
+            mask_logits f32[4E, 4E]).
+          transform: the image's `Transform` (x * sx, y * sy; the prompt
+            encoder adds +0.5).
+
+        Returns:
+          (sparse f32[N + 3, C], valid bool[N + 3], dense `LowRankDense` [E, E]).
+        """
+        low = self.config.low_res_size
         if prompts.mask_logits.shape != (low, low) or prompts.points.ndim != 2:
             raise ValueError(f"prompts must be one prompt set with mask_logits [{low}, {low}] "
                              f"(vmap over batches); got points {prompts.points.shape}, "
@@ -252,20 +283,16 @@ class SamSegmenter:
         scale = jnp.asarray(transform.scale_xy, jnp.float32)
         points = prompts.points * scale
         box = (prompts.box.reshape(2, 2) * scale).reshape(4)
-        sparse, valid, dense = self.prompt_encoder.apply(
+        return self.prompt_encoder.apply(
             {"params": params["prompt_encoder"]}, points, prompts.labels, box, prompts.has_box,
             prompts.mask_logits, prompts.has_mask)
-        return self.mask_decoder.apply({"params": params["mask_decoder"]}, emb,
-                                       self.dense_pe(params), sparse, valid, dense)
 
     def upsample(self, low_res: jnp.ndarray, transform: Transform) -> jnp.ndarray:
         """SAM's ``postprocess_masks``: f32[..., 4E, 4E] -> f32[..., Hf, Wf] in ``transform.frame_hw``.
 
         Pixels outside the original image hold `OUTSIDE_LOGIT`.
         """
-        if transform.frame_hw is None:
-            raise ValueError("transform.frame_hw is not set (make the Transform with "
-                             "SamSegmenter.preprocess or make_transform)")
+        _check_frame(transform)
         return upsample_sam_logits(low_res, transform.resized_hw, transform.original_hw,
                                    tuple(transform.frame_hw), model_size=self.config.image_size,
                                    fill_value=OUTSIDE_LOGIT)
@@ -284,19 +311,35 @@ class SamSegmenter:
           ``postprocess_masks``, low_res_logits f32[C, 4E, 4E], scores f32[C],
           index i32[]), C = 3 or 1.
         """
-        if transform.frame_hw is None:
-            raise ValueError("transform.frame_hw is not set (make the Transform with "
-                             "SamSegmenter.preprocess or make_transform)")
+        _check_frame(transform)
         low_res, iou = self.decode_low_res(params, features, prompts, transform)
-        if multimask_output:
-            low_res, iou = low_res[1:], iou[1:]
-            index = jnp.argmax(iou).astype(jnp.int32)
-        else:
-            low_res, iou = low_res[:1], iou[:1]
-            index = jnp.zeros((), jnp.int32)
+        low_res, iou, index = self.select(low_res, iou, multimask_output=multimask_output)
         selected = jnp.take(low_res, index, axis=0)
         return Prediction(logits=self.upsample(selected, transform), low_res_logits=low_res,
                           scores=iou, index=index)
+
+    def select(self, low_res: jnp.ndarray, iou: jnp.ndarray, *, multimask_output: bool):
+        """SAM's output selection from every candidate of `decode_low_res`.
+
+        Args:
+          low_res: f32[K, h, w] all candidates (0 = single-mask output).
+          iou: f32[K] their predicted IoU.
+          multimask_output: static; True -> candidates 1..K-1, else candidate 0.
+
+        Returns:
+          (low_res f32[C, h, w], scores f32[C], index i32[] = argmax(scores)
+          with multimask, else 0); C = K - 1 or 1.
+        """
+        if multimask_output:
+            low_res, iou = low_res[1:], iou[1:]
+            return low_res, iou, jnp.argmax(iou).astype(jnp.int32)
+        return low_res[:1], iou[:1], jnp.zeros((), jnp.int32)
+
+
+def _check_frame(transform: Transform) -> None:
+    if transform.frame_hw is None:
+        raise ValueError("transform.frame_hw is not set (make the Transform with "
+                         "SamSegmenter.preprocess or make_transform)")
 
 
 def make_transform(original_hw: tuple[int, int], resized_hw: tuple[int, int],

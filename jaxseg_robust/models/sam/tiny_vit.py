@@ -465,6 +465,12 @@ class TinyViTEncoder(nn.Module):
 
     Param tree: ``patch_embed``, ``layers_{i}`` (``blocks_{j}``, ``downsample``),
     ``neck``; see ports/mobile_sam.py for the torch key table.
+
+    Intermediates: the output of stage 1 (after its patch merging,
+    f32[B, H / 16, W / 16, embed_dims[2]] for MobileSAM's strides) is sown into
+    the ``intermediates`` collection under ``interm_embeddings`` (SAM-HQ's
+    TinyViT variant fuses it into its mask features, as the reference's
+    ``interm_embeddings``); apply with ``mutable=["intermediates"]`` to get it.
     """
 
     config: TinyViTConfig = TinyViTConfig()
@@ -496,6 +502,10 @@ class TinyViTEncoder(nn.Module):
                                        cfg.mlp_ratio, cfg.local_conv_size, out_dim, stride,
                                        dtype=self.dtype, name=f"layers_{i}")
             x = stage(x)
+            if i == 1:
+                # SAM-HQ's early feature: stage 1's output after its merge
+                # (apply with mutable=["intermediates"] to read it).
+                self.sow("intermediates", "interm_embeddings", x)
         return Neck(cfg.out_chans, dtype=self.dtype, name="neck")(x)
 
 
