@@ -1,0 +1,43 @@
+"""Dense models attacked by the image-perturbation battery (images -> per-pixel logits).
+
+    from jaxseg_robust.models import dense
+    model, params = dense.load_converted("/models/u2netp")      # made by python -m ports dense
+    logits = jax.jit(model.apply)(params, images)                # f32[B, H, W, C]
+
+* `DenseModel` protocol, `binary_logits`, `MaskLogitModel` (base.py);
+* `U2NetDense` / `U2NETP`: U²-Net-p salient-object model, 2 classes (u2net.py);
+* `DeepLabV3Dense` / `DeepLabV3Config`: torchvision DeepLabV3-ResNet (deeplabv3.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, DenseModel,
+                                             MaskLogitModel, binary_logits, check_images)
+from jaxseg_robust.models.dense.deeplabv3 import DeepLabV3Config, DeepLabV3Dense
+from jaxseg_robust.models.dense.u2net import U2NETP, U2NetConfig, U2NetDense
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DenseModel", "MaskLogitModel", "binary_logits",
+           "check_images", "DeepLabV3Config", "DeepLabV3Dense", "U2NETP", "U2NetConfig",
+           "U2NetDense", "load_converted"]
+
+
+def load_converted(model_dir: str | os.PathLike):
+    """Loads a converted dense model directory (family "u2netp" or "deeplabv3").
+
+    Returns:
+      (model: DenseModel, variables: nested dict of numpy float32 arrays).
+
+    Raises:
+      ports.store.StoreError: missing/damaged directory or an unknown family.
+    """
+    from jaxseg_robust.models.dense import deeplabv3, u2net  # noqa: PLC0415
+    from ports import store  # noqa: PLC0415
+
+    family = store.read_meta(model_dir)["family"]
+    loaders = {u2net.FAMILY: u2net.load_converted, deeplabv3.FAMILY: deeplabv3.load_converted}
+    if family not in loaders:
+        raise store.StoreError(f"{model_dir} holds a '{family}' model, which is not a dense "
+                               f"model (expected one of {sorted(loaders)})")
+    return loaders[family](model_dir)
