@@ -1,0 +1,80 @@
+"""L∞ image-perturbation attack battery of Halmosi et al. (ECCV'24), jitted and batched.
+
+Spec: ../shared/spec/perturbation-attacks.md. Every attack takes a plain model
+``logits_fn(params, images f32[B,H,W,3] in [0,1]) -> logits f32[B,H,W,C]`` and
+returns an :class:`AttackResult` (adversarial images, per-instance forward /
+backward counts, per-instance diagnostics).
+
+Modules: ``common`` (result type, void policy, projection, per-image
+statistics), ``losses``, ``amsgrad`` (PyTorch-style AMSGrad for optax),
+``padam`` (PAdam-CE/Cos), ``apgd`` (APGD core, radius schedules), ``sea``
+(SEA-BCE/MCE/JSD/MSL), ``dag``, ``alma_prox``, ``pdpgd``, ``ensemble``
+(battery, per-image worst case, dataset metrics).
+"""
+
+from jaxseg_robust.attacks.perturb.alma_prox import alma_prox
+from jaxseg_robust.attacks.perturb.amsgrad import scale_by_torch_amsgrad, torch_amsgrad
+from jaxseg_robust.attacks.perturb.apgd import Stage, apgd, checkpoint_schedule, progressive_stages, single_stage
+from jaxseg_robust.attacks.perturb.common import (
+    DEFAULT_EPSILON,
+    AttackResult,
+    attack_targets,
+    image_confusions,
+    instance_keys,
+    per_image_scores,
+    project_linf,
+)
+from jaxseg_robust.attacks.perturb.dag import dag
+from jaxseg_robust.attacks.perturb.ensemble import (
+    CANDIDATE_LABELS,
+    CANDIDATE_ORDER,
+    BatteryConfig,
+    BatteryResult,
+    Candidate,
+    aggregate,
+    battery_table,
+    build_battery,
+    dataset_metrics,
+    prediction_confusions,
+    run_battery,
+    select_worst,
+    update_worst,
+)
+from jaxseg_robust.attacks.perturb.padam import padam
+from jaxseg_robust.attacks.perturb.pdpgd import pdpgd
+from jaxseg_robust.attacks.perturb.sea import sea
+
+__all__ = [
+    "CANDIDATE_LABELS",
+    "CANDIDATE_ORDER",
+    "DEFAULT_EPSILON",
+    "AttackResult",
+    "BatteryConfig",
+    "BatteryResult",
+    "Candidate",
+    "Stage",
+    "aggregate",
+    "alma_prox",
+    "apgd",
+    "attack_targets",
+    "battery_table",
+    "build_battery",
+    "checkpoint_schedule",
+    "dag",
+    "dataset_metrics",
+    "image_confusions",
+    "instance_keys",
+    "padam",
+    "pdpgd",
+    "per_image_scores",
+    "prediction_confusions",
+    "progressive_stages",
+    "project_linf",
+    "run_battery",
+    "scale_by_torch_amsgrad",
+    "sea",
+    "select_worst",
+    "single_stage",
+    "torch_amsgrad",
+    "update_worst",
+]

@@ -1,0 +1,366 @@
+"""The ten-attack battery, per-image worst-case selection and its dataset metrics (spec §5, §6, §8).
+
+Candidates in C-R order (the order breaks ties): clean, PAdam-CE, PAdam-Cos,
+SEA-MCE, SEA-BCE, SEA-JSD, SEA-MSL, DAG-0.001, DAG-0.003, PDPGD, ALMA prox.
+Per image and per reported metric the aggregate keeps the candidate with the
+lowest per-image score (pixel accuracy for Accuracy; per-image mIoU for CmIoU
+and NmIoU), strict ``<`` so the earlier candidate wins ties, NaN scores never
+selected (all NaN -> the first candidate, the clean image when included).
+
+What is kept per (candidate, image) is the confusion matrix of the prediction
+(`common.image_confusions`, int32[C, C]); every selection rule and dataset
+metric is computed from these without storing adversarial images.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxseg_robust.attacks.perturb.alma_prox import alma_prox
+from jaxseg_robust.attacks.perturb.common import (
+    DEFAULT_EPSILON,
+    MAX_DAMAGE,
+    MIN_NORM,
+    VOID_AS_BACKGROUND,
+    VOID_POLICIES,
+    AttackResult,
+    LogitsFn,
+    attack_targets,
+    batch_view,
+    check_positive,
+    check_steps,
+    image_confusions,
+    per_image_scores,
+)
+from jaxseg_robust.attacks.perturb.dag import dag
+from jaxseg_robust.attacks.perturb.padam import padam
+from jaxseg_robust.attacks.perturb.pdpgd import pdpgd
+from jaxseg_robust.attacks.perturb.sea import MSL_TRACKS, SEA_SCHEDULES, sea
+from jaxseg_robust.metrics.semantic import cmiou, dataset_pixel_accuracy, mean_image_pixel_accuracy, nmiou
+
+CANDIDATE_ORDER = ("clean", "padam_ce", "padam_cos", "sea_mce", "sea_bce", "sea_jsd", "sea_msl", "dag_0.001",
+                   "dag_0.003", "pdpgd", "alma_prox")
+CANDIDATE_LABELS = {"clean": "clean", "padam_ce": "PAdam-CE", "padam_cos": "PAdam-Cos", "sea_mce": "SEA-MCE",
+                    "sea_bce": "SEA-BCE", "sea_jsd": "SEA-JSD", "sea_msl": "SEA-MSL", "dag_0.001": "DAG-0.001",
+                    "dag_0.003": "DAG-0.003", "pdpgd": "PDPGD", "alma_prox": "ALMAProx"}
+
+
+@dataclasses.dataclass(frozen=True)
+class BatteryConfig:
+    """Battery settings; defaults are the project defaults of spec §8.1/§8.2.
+
+    Attributes:
+      num_classes: C.
+      epsilon: L∞ radius ε (8/255).
+      void_policy: max-damage void handling (§8.2 #8 ``voc_void_policy``):
+        ``"as_background"`` (PASCAL VOC) or ``"ignore"`` (Cityscapes).
+      background_class: class void becomes under ``as_background`` and the
+        class dropped by the without-background metrics (0).
+      sea_schedule: ``"progressive"`` (#1 default) or ``"single"`` (C-R).
+      msl_track: ``"masked"``, ``"unmasked"`` or None = follow the schedule (#2).
+      alma_lr_init: ALMA prox initial step (#3: 1e-4, C-R; C-P uses 1e-3).
+      reference_quirks: SEA start-accuracy quirk (#9), ALMA derivative (#10).
+      include_clean: the clean image as first candidate (#14).
+      select_with_background: None (default) selects each metric variant with
+        its own score; True / False forces the with- / without-background
+        score for every variant (§5).
+      attacks: subset of ``CANDIDATE_ORDER`` names to run (order is always C-R's).
+      padam_steps, sea_iterations, dag_iterations, alma_steps, pdpgd_steps:
+        budgets (200, 300, 200, 500, 500); lower only for smoke runs.
+    """
+
+    num_classes: int
+    epsilon: float = DEFAULT_EPSILON
+    void_policy: str = VOID_AS_BACKGROUND
+    background_class: int = 0
+    sea_schedule: str = "progressive"
+    msl_track: str | None = None
+    alma_lr_init: float = 1e-4
+    reference_quirks: bool = True
+    include_clean: bool = True
+    select_with_background: bool | None = None
+    attacks: tuple[str, ...] | None = None
+    padam_steps: int = 200
+    sea_iterations: int = 300
+    dag_iterations: int = 200
+    alma_steps: int = 500
+    pdpgd_steps: int = 500
+
+    def __post_init__(self):
+        check_steps(self.num_classes, "num_classes")
+        check_positive(self.epsilon, "epsilon")
+        if self.void_policy not in VOID_POLICIES:
+            raise ValueError(f"void_policy must be one of {VOID_POLICIES}, got {self.void_policy!r}")
+        if self.sea_schedule not in SEA_SCHEDULES:
+            raise ValueError(f"sea_schedule must be one of {SEA_SCHEDULES}, got {self.sea_schedule!r}")
+        if self.msl_track is not None and self.msl_track not in MSL_TRACKS:
+            raise ValueError(f"msl_track must be one of {MSL_TRACKS} or None, got {self.msl_track!r}")
+        check_positive(self.alma_lr_init, "alma_lr_init")
+        if self.attacks is not None:
+            unknown = [name for name in self.attacks if name not in CANDIDATE_ORDER]
+            if unknown:
+                raise ValueError(f"attacks contains unknown names {unknown}; known: {CANDIDATE_ORDER}")
+        for name in ("padam_steps", "sea_iterations", "dag_iterations", "alma_steps", "pdpgd_steps"):
+            check_steps(getattr(self, name), name)
+
+    def candidate_names(self) -> tuple[str, ...]:
+        """Names of the candidates to run, in C-R order."""
+        wanted = CANDIDATE_ORDER if self.attacks is None else self.attacks
+        names = [name for name in CANDIDATE_ORDER if name in wanted and name != "clean"]
+        return (("clean",) if self.include_clean else ()) + tuple(names)
+
+
+# A candidate maps (params, images f32[B,H,W,3], labels int[B,H,W], valid bool[B,H,W], keys [B]) -> AttackResult.
+CandidateFn = Callable[[Any, jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray], AttackResult]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One battery member: ``name`` (see ``CANDIDATE_ORDER``), attack ``family`` and its jitted ``run``."""
+
+    name: str
+    family: str
+    run: CandidateFn
+
+
+def _clean(params, images, labels, valid, keys) -> AttackResult:
+    del params, labels, valid, keys
+    zeros = jnp.zeros(images.shape[0], jnp.int32)
+    return AttackResult(images=images, forwards=zeros, backwards=zeros, info={})
+
+
+def build_battery(logits_fn: LogitsFn, config: BatteryConfig) -> tuple[Candidate, ...]:
+    """The battery's candidates for one model, each jitted once (per input shape).
+
+    Args:
+      logits_fn: ``(params, f32[B,H,W,3]) -> f32[B,H,W,C]`` with C = ``config.num_classes``.
+      config: :class:`BatteryConfig`.
+
+    Returns:
+      Tuple of :class:`Candidate` in C-R order. ``run(params, images, labels,
+      valid, keys)`` takes dataset labels (void = any value outside [0, C) or
+      ``valid`` False) and applies the family's void policy (§1.2) itself.
+    """
+    c = config
+    epsilon = float(c.epsilon)
+
+    def targets(labels, valid, family):
+        return attack_targets(labels, valid, num_classes=c.num_classes, family=family, void_policy=c.void_policy,
+                              background_class=c.background_class)
+
+    def max_damage(attack, **kwargs):
+        def run(params, images, labels, valid, keys):
+            y, m = targets(labels, valid, MAX_DAMAGE)
+            return attack(logits_fn, params, images, y, m, keys, **kwargs)
+        return jax.jit(run)
+
+    def min_norm(attack, **kwargs):
+        def run(params, images, labels, valid, keys):
+            del keys
+            y, m = targets(labels, valid, MIN_NORM)
+            return attack(logits_fn, params, images, y, m, epsilon=epsilon, **kwargs)
+        return jax.jit(run)
+
+    sea_kwargs = dict(epsilon=epsilon, schedule=c.sea_schedule, total_iterations=c.sea_iterations,
+                      msl_track=c.msl_track, reference_quirks=c.reference_quirks)
+    makers: Mapping[str, Callable[[], tuple[str, CandidateFn]]] = {
+        "clean": lambda: (MAX_DAMAGE, _clean),
+        "padam_ce": lambda: (MAX_DAMAGE, max_damage(padam, loss="ce", epsilon=epsilon, num_steps=c.padam_steps)),
+        "padam_cos": lambda: (MAX_DAMAGE, max_damage(padam, loss="cos", epsilon=epsilon, num_steps=c.padam_steps)),
+        "sea_mce": lambda: (MAX_DAMAGE, max_damage(sea, loss="mce", **sea_kwargs)),
+        "sea_bce": lambda: (MAX_DAMAGE, max_damage(sea, loss="bce", **sea_kwargs)),
+        "sea_jsd": lambda: (MAX_DAMAGE, max_damage(sea, loss="jsd", **sea_kwargs)),
+        "sea_msl": lambda: (MAX_DAMAGE, max_damage(sea, loss="msl", **sea_kwargs)),
+        "dag_0.001": lambda: (MIN_NORM, min_norm(dag, gamma=0.001, max_iterations=c.dag_iterations)),
+        "dag_0.003": lambda: (MIN_NORM, min_norm(dag, gamma=0.003, max_iterations=c.dag_iterations)),
+        "pdpgd": lambda: (MIN_NORM, min_norm(pdpgd, num_steps=c.pdpgd_steps)),
+        "alma_prox": lambda: (MIN_NORM, min_norm(alma_prox, num_steps=c.alma_steps, lr_init=c.alma_lr_init,
+                                                 reference_quirks=c.reference_quirks)),
+    }
+    candidates = []
+    for name in c.candidate_names():
+        family, run = makers[name]()
+        candidates.append(Candidate(name=name, family=family, run=run))
+    return tuple(candidates)
+
+
+@functools.partial(jax.jit, static_argnames=("logits_fn", "num_classes"))
+def prediction_confusions(logits_fn: LogitsFn, params, images, labels, valid, *, num_classes: int) -> jnp.ndarray:
+    """One forward pass and the per-image confusion matrices of its argmax: int32[B, C, C] (§6.1).
+
+    Args:
+      labels: integer [B, H, W] dataset labels; outside [0, C) = void.
+      valid: bool [B, H, W]; False pixels are not counted.
+    """
+    return image_confusions(logits_fn(params, images), labels, valid, num_classes=num_classes)
+
+
+def update_worst(best_index, best_score, index, score) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """One streaming step of the §5 selection: replace where ``score < best_score`` (strict; NaN never).
+
+    Args:
+      best_index: int32[B] current selection; best_score: f32[B] (start at +inf).
+      index: candidate index (int); score: f32[B] its per-image scores.
+
+    Returns:
+      (best_index, best_score).
+    """
+    replace = score < best_score
+    return jnp.where(replace, index, best_index), jnp.where(replace, score, best_score)
+
+
+def select_worst(scores) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Per-image worst case over candidates in order (strict <, NaN never; all NaN -> index 0, score NaN).
+
+    Args:
+      scores: f32[K, B] per-candidate per-image scores (lower = more successful).
+
+    Returns:
+      (index int32[B], score f32[B]).
+    """
+    scores = jnp.asarray(scores, jnp.float32)
+    if scores.ndim != 2 or scores.shape[0] < 1:
+        raise ValueError(f"scores must have shape [K >= 1, B], got {scores.shape}")
+    index = jnp.zeros(scores.shape[1], jnp.int32)
+    best = jnp.full(scores.shape[1], jnp.inf, jnp.float32)
+    for k in range(scores.shape[0]):
+        index, best = update_worst(index, best, k, scores[k])
+    return index, jnp.where(jnp.isinf(best) & (best > 0), jnp.nan, best)
+
+
+class BatteryResult(NamedTuple):
+    """Per-candidate statistics of one batch (NumPy arrays).
+
+    Attributes:
+      names: candidate names, length K, C-R order.
+      confusions: int32[K, B, C, C] confusion matrices of each candidate's prediction.
+      forwards, backwards: int32[K, B] attack cost per instance.
+      info: per-candidate dict of the attack's per-image diagnostics.
+      worst_images: {(metric, with_background): f32[B, H, W, 3]} selected
+        images for the selection rules asked for in ``keep_worst``.
+    """
+
+    names: tuple[str, ...]
+    confusions: np.ndarray
+    forwards: np.ndarray
+    backwards: np.ndarray
+    info: tuple[Mapping[str, np.ndarray], ...]
+    worst_images: Mapping[tuple[str, bool], np.ndarray]
+
+
+def run_battery(candidates: Sequence[Candidate], logits_fn: LogitsFn, params, images, labels, valid, keys, *,
+                num_classes: int, background_class: int = 0,
+                keep_worst: Sequence[tuple[str, bool]] = ()) -> BatteryResult:
+    """Runs every candidate on one batch and scores it (streaming; only statistics are kept).
+
+    Args:
+      candidates: from :func:`build_battery`.
+      logits_fn, params: the model.
+      images: f32[B, H, W, 3] in [0, 1]; labels: int[B, H, W] dataset labels
+        (void outside [0, C)); valid: bool[B, H, W]; keys: typed key array [B]
+        (e.g. :func:`common.instance_keys` of the dataset indices).
+      num_classes: C.
+      background_class: for the without-background scores of ``keep_worst``.
+      keep_worst: selection rules ``(metric, with_background)`` whose selected
+        images should be kept (one image buffer each).
+
+    Returns:
+      :class:`BatteryResult`.
+    """
+    confusions, forwards, backwards, infos = [], [], [], []
+    trackers = {rule: (jnp.zeros(images.shape[0], jnp.int32), jnp.full(images.shape[0], jnp.inf, jnp.float32),
+                       images) for rule in keep_worst}
+    for index, candidate in enumerate(candidates):
+        result = candidate.run(params, images, labels, valid, keys)
+        confusion = prediction_confusions(logits_fn, params, result.images, labels, valid, num_classes=num_classes)
+        for rule, (best_index, best_score, best_images) in trackers.items():
+            score = per_image_scores(confusion, metric=rule[0], with_background=rule[1],
+                                     background_class=background_class)
+            replace = score < best_score
+            best_index, best_score = update_worst(best_index, best_score, index, score)
+            trackers[rule] = (best_index, best_score, jnp.where(batch_view(replace, 4), result.images, best_images))
+        confusions.append(np.asarray(confusion))
+        forwards.append(np.asarray(result.forwards))
+        backwards.append(np.asarray(result.backwards))
+        infos.append({key: np.asarray(value) for key, value in result.info.items()})
+    return BatteryResult(names=tuple(candidate.name for candidate in candidates), confusions=np.stack(confusions),
+                         forwards=np.stack(forwards), backwards=np.stack(backwards), info=tuple(infos),
+                         worst_images={rule: np.asarray(tracker[2]) for rule, tracker in trackers.items()})
+
+
+def aggregate(confusions, *, metric: str, with_background: bool = True, background_class: int = 0,
+              select_with_background: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-image worst-case selection from stored statistics (§5).
+
+    Args:
+      confusions: int[K, N, C, C] per-candidate per-image confusion matrices.
+      metric: ``"accuracy"`` or ``"miou"``.
+      with_background: the metric variant being reported.
+      select_with_background: None selects with the reported variant's score
+        (default); a bool forces that variant's score for the selection.
+
+    Returns:
+      (index int32[N] of the selected candidate, confusion int64[N, C, C] of the selection).
+    """
+    confusions = np.asarray(confusions)
+    if confusions.ndim != 4:
+        raise ValueError(f"confusions must have shape [K, N, C, C], got {confusions.shape}")
+    selection_background = with_background if select_with_background is None else bool(select_with_background)
+    scores = per_image_scores(jnp.asarray(confusions), metric=metric, with_background=selection_background,
+                              background_class=background_class)
+    index = np.asarray(select_worst(scores)[0])
+    selected = np.take_along_axis(confusions.astype(np.int64), index[None, :, None, None], axis=0)[0]
+    return index, selected
+
+
+def dataset_metrics(confusions, *, with_background: bool = True, background_class: int = 0) -> dict[str, float]:
+    """Dataset metrics of one set of predictions (§6.2): pooled accuracy, mean image accuracy, CmIoU, NmIoU.
+
+    Args:
+      confusions: int[N, C, C] per-image confusion matrices.
+
+    Returns:
+      dict with ``accuracy``, ``mean_image_accuracy``, ``cmiou``, ``nmiou`` (fractions in [0, 1]).
+    """
+    confusions = jnp.asarray(np.asarray(confusions, np.float64).astype(np.float32))
+    kwargs = dict(with_background=with_background, background_class=background_class)
+    return {"accuracy": float(dataset_pixel_accuracy(confusions, **kwargs)),
+            "mean_image_accuracy": float(mean_image_pixel_accuracy(confusions, **kwargs)),
+            "cmiou": float(cmiou(confusions, **kwargs)), "nmiou": float(nmiou(confusions, **kwargs))}
+
+
+def battery_table(names: Sequence[str], confusions, *, with_background: bool = True, background_class: int = 0,
+                  select_with_background: bool | None = None) -> dict[str, dict[str, float]]:
+    """The §9.3 table: Acc / CmIoU / NmIoU per candidate plus the aggregate.
+
+    The aggregate row selects per image with accuracy for ``accuracy`` and
+    with per-image mIoU for ``cmiou`` / ``nmiou`` (one selection serves both).
+
+    Args:
+      names: candidate names (length K).
+      confusions: int[K, N, C, C] (e.g. :class:`BatteryResult` confusions of all batches concatenated on N).
+
+    Returns:
+      {row name: {"accuracy", "cmiou", "nmiou"}}, rows in input order then ``"aggregated"``.
+    """
+    confusions = np.asarray(confusions)
+    if len(names) != confusions.shape[0]:
+        raise ValueError(f"names has {len(names)} entries for {confusions.shape[0]} candidates")
+    kwargs = dict(with_background=with_background, background_class=background_class)
+    rows = {}
+    for name, confusion in zip(names, confusions):
+        metrics = dataset_metrics(confusion, **kwargs)
+        rows[name] = {key: metrics[key] for key in ("accuracy", "cmiou", "nmiou")}
+    _, by_accuracy = aggregate(confusions, metric="accuracy", select_with_background=select_with_background, **kwargs)
+    _, by_miou = aggregate(confusions, metric="miou", select_with_background=select_with_background, **kwargs)
+    accuracy_metrics = dataset_metrics(by_accuracy, **kwargs)
+    miou_metrics = dataset_metrics(by_miou, **kwargs)
+    rows["aggregated"] = {"accuracy": accuracy_metrics["accuracy"], "cmiou": miou_metrics["cmiou"],
+                          "nmiou": miou_metrics["nmiou"]}
+    return rows
