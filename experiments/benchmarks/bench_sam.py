@@ -32,13 +32,14 @@ which is steadier than wall time on a shared machine. On an oversubscribed
 machine, also compare single-threaded: ``--threads 1`` with
 ``XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"``.
 Outputs are cross-checked (max |embedding diff|, max |IoU prediction diff|).
-Other families add an entry to `BENCH_MODELS` (e.g. MobileSAM's TinyViT).
+MobileSAM (TinyViT encoder) is the entry ``mobile_sam``; its reference is MobileSAM's own code.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import os
 import platform
 import statistics
@@ -59,6 +60,7 @@ class BenchModel:
     zoo_name: str
     build_official: Callable[[], object]
     convert: Callable[[dict, object], dict]
+    package: str = "segment_anything"  # provides the reference ``SamPredictor``
 
 
 def _sam_official(variant: str):
@@ -76,9 +78,23 @@ def _sam_convert(state_dict, config):
     return convert_sam(state_dict, config, what="benchmark weights")
 
 
+def _mobile_sam_official():
+    from mobile_sam import sam_model_registry  # noqa: PLC0415
+
+    return sam_model_registry["vit_t"]()
+
+
+def _mobile_sam_convert(state_dict, config):
+    from ports.mobile_sam import convert_mobile_sam  # noqa: PLC0415
+
+    return convert_mobile_sam(state_dict, config, what="benchmark weights")
+
+
 BENCH_MODELS = {
-    f"sam_{v}": BenchModel(f"sam_{v}", _sam_official(v), _sam_convert)
-    for v in ("vit_b", "vit_l", "vit_h")
+    **{f"sam_{v}": BenchModel(f"sam_{v}", _sam_official(v), _sam_convert)
+       for v in ("vit_b", "vit_l", "vit_h")},
+    "mobile_sam": BenchModel("mobile_sam", _mobile_sam_official, _mobile_sam_convert,
+                             package="mobile_sam"),
 }
 
 
@@ -90,6 +106,9 @@ def randomize_(model, seed: int = 0) -> None:
     with torch.no_grad():
         for name, t in model.state_dict().items():
             if not t.is_floating_point():
+                continue
+            if name.endswith("running_var"):  # BatchNorm (TinyViT): must stay positive
+                t.copy_(0.5 + torch.rand(t.shape, generator=gen))
                 continue
             noise = torch.randn(t.shape, generator=gen)
             if t.ndim >= 2 and not name.endswith(("pos_embed", "rel_pos_h", "rel_pos_w")):
@@ -127,16 +146,17 @@ def bench_model(name: str, args) -> list[dict]:
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
     import torch  # noqa: PLC0415
-    from segment_anything import SamPredictor as TorchPredictor  # noqa: PLC0415
-
     from jaxseg_robust.models import zoo  # noqa: PLC0415
     from jaxseg_robust.models.sam.segmenter import SamFeatures, make_transform  # noqa: PLC0415
     from jaxseg_robust.ops.resize import longest_side_shape  # noqa: PLC0415
     from jaxseg_robust.prompts.types import make_prompts  # noqa: PLC0415
 
     spec = BENCH_MODELS[name]
-    official = spec.build_official().eval()
+    TorchPredictor = importlib.import_module(spec.package).SamPredictor  # noqa: N806
+    official = spec.build_official()
     randomize_(official)
+    # eval() after randomising: TinyViT's attention caches its offset biases on eval()
+    official.eval()
     seg = zoo.segmenter(spec.zoo_name)
     state = {k: v.detach().numpy() for k, v in official.state_dict().items()}
     params = jax.tree.map(jnp.asarray, spec.convert(state, seg.config))
