@@ -30,7 +30,7 @@ import jax
 
 ENV_MODELS_DIR = "JAXSEG_ROBUST_MODELS"
 DEFAULT_MODELS_DIR = "~/.cache/jaxseg_robust/models"
-BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry",)
+BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry", "jaxseg_robust.clicksim.click_models")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,603 @@
+"""The RClicks multi-round simulated evaluation on any Segmenter (one jitted program per bucket).
+
+Reference: ../shared/spec/rclicks.md §5.1 (modes), §5.2 (one clicking-group
+trajectory), §5.3 (randomness, sample counts), §5.4 (SAM-family wrapper).
+
+Modes, all computed for every instance in one compiled call:
+
+  * ``Base``: the RITM baseline clicker (deepest point of the larger error,
+    `prompts.clicker`), ``num_rounds`` rounds.
+  * Clicking groups G1..G``num_groups`` (equal-mass bands ``[(g-1)/G, g/G]``): one
+    trajectory each, ``num_rounds`` rounds, vmapped over the groups.
+  * ``User`` (optional): every real first-round click of the instance, each
+    evaluated alone (one round, no previous mask).
+  * ``SamplingUsersCount`` (optional): as many i.i.d. draws from the full
+    first-round clickability map (group bounds 0..1, i.e. weighted by ``M``) as
+    the instance has real first-round clicks, each evaluated alone.
+
+One round of a trajectory (§5.2; state: prediction ``pred`` (empty before round
+1), ``not_clicked``, the clicks so far, the previous low-res logits)::
+
+    FN = gt & ~pred & V,  FP = ~gt & pred & V
+    positive iff max EDT(pad(FN)) > max EDT(pad(FP))   (both times not_clicked; strict)
+    R = the whole FN (positive) or FP (negative) mask
+    Base:   click = first row-major maximum of the chosen EDT map
+    Group:  M = click_model(I, gt, R) * R * not_clicked; band of M's mass [q_lo, q_hi]
+            (inclusive thresholds, `groups.band_thresholds`); click ~ M inside the band
+            (weighted, not uniform); empty band -> the Base click
+    decode(all clicks so far, previous low-res logits) -> pred = sigmoid(logits) > thr; IoU
+
+Here ``gt`` is the object (``gt == 1``) and ``V`` the non-ignore pixels of the
+image (GrabCut/Berkeley ignore band and the frame padding excluded); the IoU of
+a round is ``|gt & pred & V| / |(gt | pred) & V|`` (RITM ``get_iou``). Every
+20-round run has exactly ``num_rounds`` IoUs (no early stop, ``--iou-analysis``).
+
+SAM-family feedback (§5.4): ``multimask_output=True`` every round, the
+candidate with the highest predicted IoU is taken, and its low-res logits are
+the next round's ``mask_input`` -- except that the reference resets the
+feedback whenever its padded point tensor has exactly two slots, i.e. at round
+1 **and at round 2 when the second click is negative** (``mask_feedback=
+"reference"``, default; ``"always"`` feeds back from round 2 on, ``"never"``
+never). Clicks ``(row, col)`` become points ``(x, y) = (col, row)`` in image
+pixels (the model adds its own +0.5 and resize scale); unused slots are
+padding (label -1, masked inside the model).
+
+Randomness (§5.3): the reference re-seeds numpy with 42 at the start of every
+image; JAX cannot reproduce that stream. Here every instance has the key
+``fold_in(PRNGKey(seed), instance_seed)`` where ``instance_seed`` is the
+batch's per-instance seed (a hash of the instance key, `data.buckets`), so a
+result does not depend on the batch, slot, device or resume; group ``g`` uses
+``fold_in(key, g)`` and round ``r`` ``fold_in(group_key, r)``; the
+SamplingUsersCount draws use ``fold_in(key, SAMPLE_USERS_STREAM)``.
+Compare with the reference statistically, not draw by draw.
+
+Batch function (`make_rclicks_batch_fn`) for `jaxseg_robust.runner.engine.run`:
+``PaddedBatch -> dict of arrays [B, ...]``; each slot's image is cropped to its
+size on the host, preprocessed by the segmenter (``frame_hw`` = the bucket
+frame) and by the click model, and the batch is embedded once and simulated
+inside one ``jit`` (``lax.scan`` over rounds, ``vmap`` over groups and
+instances). ``.traces`` counts the traces of the jitted core (one per bucket).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxseg_robust.clicksim.error_region import choose_error_region
+from jaxseg_robust.clicksim.groups import first_argmax_xy, group_bounds, masked_clickability, sample_group_click
+from jaxseg_robust.clicksim.sampling import sample_pixels
+from jaxseg_robust.data.buckets import instance_seed
+from jaxseg_robust.metrics.masks import mask_iou
+from jaxseg_robust.models.base import Transform
+from jaxseg_robust.prompts.clicker import mark_clicked
+from jaxseg_robust.prompts.types import NEGATIVE_LABEL, PADDING_LABEL, POSITIVE_LABEL, Prompts
+
+__all__ = [
+    "DEFAULT_NUM_ROUNDS",
+    "DEFAULT_SEED",
+    "DEFAULT_THRESHOLD",
+    "MASK_FEEDBACK_RULES",
+    "SAMPLE_USERS_STREAM",
+    "RClicksConfig",
+    "Trajectory",
+    "InstanceResult",
+    "instance_key",
+    "feedback_enabled",
+    "simulate_trajectory",
+    "trajectory_plan",
+    "simulate_trajectories",
+    "evaluate_single_clicks",
+    "sample_first_round_clicks",
+    "simulate_instance",
+    "RClicksBatchFunction",
+    "make_rclicks_batch_fn",
+    "user_slot_count",
+    "finalize_record",
+]
+
+DEFAULT_NUM_ROUNDS = 20
+DEFAULT_SEED = 42
+DEFAULT_THRESHOLD = 0.5  # SAM-type models (RITM-type: 0.49), §5.1
+MASK_FEEDBACK_RULES = ("reference", "always", "never")
+SAMPLE_USERS_STREAM = 1_000_003  # fold_in tag of the SamplingUsersCount draws (distinct from group indices)
+_USER_SLOT_MULTIPLE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class RClicksConfig:
+    """Static settings of the simulated evaluation (defaults: the reference benchmark, §8.1).
+
+    Attributes:
+      num_rounds: clicks per trajectory (20).
+      num_groups: equal-mass clicking groups (10); 0 disables the group trajectories.
+      run_base: also run the Base (baseline clicker) trajectory.
+      threshold: probability threshold of the segmenter (0.5 SAM-type, 0.49 RITM-type).
+      mask_feedback: "reference" (§5.4 quirk), "always" or "never".
+      multimask_output: SAM's multimask mode with argmax of the predicted IoU (True).
+      seed: run seed (42).
+      user_slots: padded number of first-round click slots per instance for the
+        User / SamplingUsersCount modes (0 = modes off).
+    """
+
+    num_rounds: int = DEFAULT_NUM_ROUNDS
+    num_groups: int = 10
+    run_base: bool = True
+    threshold: float = DEFAULT_THRESHOLD
+    mask_feedback: str = "reference"
+    multimask_output: bool = True
+    seed: int = DEFAULT_SEED
+    user_slots: int = 0
+
+    def __post_init__(self):
+        for name, low in (("num_rounds", 1), ("num_groups", 0), ("user_slots", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+        if not 0.0 < float(self.threshold) < 1.0:
+            raise ValueError(f"threshold must be a probability in (0, 1); got {self.threshold!r}")
+        if self.mask_feedback not in MASK_FEEDBACK_RULES:
+            raise ValueError(f"mask_feedback must be one of {MASK_FEEDBACK_RULES}; got {self.mask_feedback!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int; got {self.seed!r}")
+        if not self.run_base and self.num_groups == 0 and self.user_slots == 0:
+            raise ValueError("nothing to evaluate: run_base is False, num_groups is 0 and user_slots is 0")
+
+    def to_dict(self) -> dict:
+        """JSON-able settings (recorded in the run manifest)."""
+        return dataclasses.asdict(self)
+
+
+class Trajectory(NamedTuple):
+    """One simulated trajectory (leading axes: groups, instances where batched)."""
+
+    iou: jax.Array           # f32[R] IoU after each round
+    clicks: jax.Array        # i32[R, 3] (x, y, is_positive) of each click
+    used_fallback: jax.Array  # bool[R] the group band had no mass: the Base click was used
+
+
+class InstanceResult(NamedTuple):
+    """Everything simulated for one instance (fields of disabled modes have a zero-size axis)."""
+
+    base: Trajectory      # leaves [R, ...] (zero rounds when run_base is False)
+    groups: Trajectory    # leaves [G, R, ...]
+    user_iou: jax.Array   # f32[U] IoU of each real first-round click alone
+    sample_iou: jax.Array  # f32[U] IoU of each SamplingUsersCount click alone
+    sample_clicks: jax.Array  # i32[U, 2] (x, y) of the SamplingUsersCount clicks
+
+
+def instance_key(seed: int, instance_seed_value) -> jax.Array:
+    """``fold_in(PRNGKey(seed), instance_seed)``: the key of one instance (module docstring).
+
+    Args:
+      seed: Python int run seed.
+      instance_seed_value: uint32 (may be traced) per-instance seed (`data.buckets.instance_seed`).
+    """
+    return jax.random.fold_in(jax.random.PRNGKey(seed), jnp.asarray(instance_seed_value).astype(jnp.uint32))
+
+
+def feedback_enabled(rule: str, round_index, is_positive) -> jax.Array:
+    """Whether round ``round_index`` (0-based) feeds the previous low-res logits back (§5.4).
+
+    Args:
+      rule: static, one of `MASK_FEEDBACK_RULES`.
+      round_index: int (traced) 0-based round.
+      is_positive: bool (traced) polarity of this round's click.
+    Returns:
+      bool[]: "reference": ``r >= 1`` unless ``r == 1`` with a negative click;
+      "always": ``r >= 1``; "never": False.
+    """
+    round_index = jnp.asarray(round_index)
+    if rule == "never":
+        return jnp.zeros((), bool)
+    if rule == "always":
+        return round_index >= 1
+    if rule == "reference":
+        return (round_index >= 1) & ~((round_index == 1) & ~jnp.asarray(is_positive, bool))
+    raise ValueError(f"rule must be one of {MASK_FEEDBACK_RULES}; got {rule!r}")
+
+
+def _low_res_shape(segmenter) -> tuple[int, int]:
+    size = getattr(getattr(segmenter, "config", None), "low_res_size", None)
+    if size is None:
+        raise ValueError("segmenter must expose config.low_res_size (the previous-mask input size)")
+    return (int(size), int(size))
+
+
+def _inside(transform: Transform) -> jax.Array:
+    if transform.frame_hw is None:
+        raise ValueError("transform.frame_hw must be set (SamSegmenter.preprocess sets it)")
+    frame_h, frame_w = transform.frame_hw
+    rows = jnp.arange(frame_h) < transform.original_hw[0]
+    cols = jnp.arange(frame_w) < transform.original_hw[1]
+    return rows[:, None] & cols[None, :]
+
+
+def _object_and_valid(gt: jax.Array, transform: Transform) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(object bool, non-ignore image pixels bool, image pixels bool), all [Hf, Wf]."""
+    gt = jnp.asarray(gt)
+    if gt.shape != tuple(transform.frame_hw):
+        raise ValueError(f"gt shape {gt.shape} differs from the transform's frame {transform.frame_hw}")
+    inside = _inside(transform)
+    return (gt == 1) & inside, (gt != -1) & inside, inside
+
+
+def _predict(segmenter, params, features, transform, prompts, threshold, multimask_output, inside):
+    prediction = segmenter.decode(params, features, prompts, transform, multimask_output=multimask_output)
+    pred = (jax.nn.sigmoid(prediction.logits) > threshold) & inside
+    return pred, prediction.selected_low_res
+
+
+def simulate_trajectory(segmenter, params, features, transform: Transform, gt, click_model, click_params,
+                        prepared, key, q_low, q_high, is_base, *, config: RClicksConfig) -> Trajectory:
+    """One ``num_rounds`` trajectory of one instance (§5.2): Base or one clicking group.
+
+    Base and group trajectories share this code (so one compiled round serves
+    both, vmapped over trajectories): ``is_base`` selects the baseline click;
+    the click model still runs on a Base trajectory (its map is then unused).
+
+    Args:
+      segmenter, params: the promptable model (static) and its parameters.
+      features: the instance's cached features (`Segmenter.embed`, unbatched).
+      transform: its `Transform` (``frame_hw`` = the evaluation frame (Hf, Wf)).
+      gt: int8[Hf, Wf] 1 object / 0 background / -1 ignore or outside the image.
+      click_model, click_params, prepared: the click model (static), its
+        parameters and this instance's `prepare` output.
+      key: this trajectory's key (round r uses ``fold_in(key, r)``).
+      q_low, q_high: scalar mass bounds of the group (ignored for Base).
+      is_base: bool scalar (may be traced): True = Base clicker.
+      config: static settings.
+    Returns:
+      `Trajectory` with leaves [R, ...].
+    """
+    obj, valid, inside = _object_and_valid(gt, transform)
+    rounds = config.num_rounds
+    low_res = jnp.zeros(_low_res_shape(segmenter), jnp.float32)
+    state = (jnp.zeros_like(obj), jnp.ones_like(obj), jnp.zeros((rounds, 2), jnp.float32),
+             jnp.full((rounds,), PADDING_LABEL, jnp.int32), low_res)
+    is_base = jnp.asarray(is_base, bool)
+
+    def one_round(carry, round_index):
+        pred, not_clicked, points, labels, previous = carry
+        error = choose_error_region(obj, pred, valid, not_clicked)
+        clickability = click_model.clickability(click_params, prepared, error.region, inside)
+        masked = masked_clickability(clickability, error.region, not_clicked)
+        click = sample_group_click(jax.random.fold_in(key, round_index), masked, q_low, q_high, error.distance)
+        xy = jnp.where(is_base, first_argmax_xy(error.distance), click.xy)
+        used_fallback = click.used_fallback & ~is_base
+        label = jnp.where(error.is_positive, POSITIVE_LABEL, NEGATIVE_LABEL).astype(jnp.int32)
+        points = points.at[round_index].set(xy.astype(jnp.float32))
+        labels = labels.at[round_index].set(label)
+        not_clicked = mark_clicked(not_clicked, xy[1], xy[0])
+        prompts = Prompts(points=points, labels=labels, box=jnp.zeros((4,), jnp.float32),
+                          has_box=jnp.zeros((), bool), mask_logits=previous,
+                          has_mask=feedback_enabled(config.mask_feedback, round_index, error.is_positive))
+        pred, previous = _predict(segmenter, params, features, transform, prompts, config.threshold,
+                                  config.multimask_output, inside)
+        iou = mask_iou(obj, pred, valid)
+        clicks = jnp.concatenate([xy, error.is_positive.astype(jnp.int32)[None]]).astype(jnp.int32)
+        return (pred, not_clicked, points, labels, previous), Trajectory(iou, clicks, used_fallback)
+
+    _, trajectory = lax.scan(one_round, state, jnp.arange(rounds))
+    return trajectory
+
+
+def trajectory_plan(config: RClicksConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The trajectories of one instance: Base first (if enabled), then G1..G``num_groups``.
+
+    Returns:
+      (q_low f32[T], q_high f32[T], is_base bool[T]); group g (0-based) has bounds
+      ``[g/G, (g+1)/G]``; the Base entry has bounds (0, 1) (unused).
+    """
+    bounds = group_bounds(config.num_groups) if config.num_groups else np.zeros((0, 2))
+    base = np.array([[0.0, 1.0]] if config.run_base else np.zeros((0, 2)))
+    both = np.concatenate([base, bounds]).astype(np.float32)
+    is_base = np.arange(both.shape[0]) < int(config.run_base)
+    return both[:, 0], both[:, 1], is_base
+
+
+def simulate_trajectories(segmenter, params, features, transform: Transform, gt, click_model, click_params,
+                          prepared, key, *, config: RClicksConfig) -> tuple[Trajectory, Trajectory]:
+    """Base and the clicking-group trajectories of one instance, vmapped over trajectories.
+
+    Group ``g`` (0-based: G(g+1)) has key ``fold_in(key, g)``; Base needs no key.
+
+    Returns:
+      (base `Trajectory` with leaves [R, ...] (zero rounds when disabled),
+       groups `Trajectory` with leaves [G, R, ...]).
+    """
+    q_low, q_high, is_base = trajectory_plan(config)
+    group_index = np.arange(is_base.shape[0]) - int(config.run_base)
+    keys = jax.vmap(lambda g: jax.random.fold_in(key, g))(jnp.asarray(np.maximum(group_index, 0)))
+    one = functools.partial(simulate_trajectory, segmenter, params, features, transform, gt, click_model,
+                            click_params, prepared, config=config)
+    both = jax.vmap(one)(keys, jnp.asarray(q_low), jnp.asarray(q_high), jnp.asarray(is_base))
+    if config.run_base:
+        base = jax.tree.map(lambda leaf: leaf[0], both)
+    else:
+        base = Trajectory(jnp.zeros((0,), jnp.float32), jnp.zeros((0, 3), jnp.int32), jnp.zeros((0,), bool))
+    return base, jax.tree.map(lambda leaf: leaf[int(config.run_base):], both)
+
+
+def evaluate_single_clicks(segmenter, params, features, transform: Transform, gt, points_xy, *,
+                           config: RClicksConfig) -> jax.Array:
+    """IoU of each click alone as a first-round positive click (User / SamplingUsersCount, §5.1).
+
+    Args:
+      features, transform, gt: one instance (as `simulate_trajectory`).
+      points_xy: int[U, 2] clicks (x, y) in image pixels.
+    Returns:
+      f32[U] IoU per click (no previous mask; the prediction thresholded at ``config.threshold``).
+    """
+    obj, valid, inside = _object_and_valid(gt, transform)
+    low_res = jnp.zeros(_low_res_shape(segmenter), jnp.float32)
+
+    def one(point):
+        prompts = Prompts(points=point.astype(jnp.float32)[None], labels=jnp.full((1,), POSITIVE_LABEL, jnp.int32),
+                          box=jnp.zeros((4,), jnp.float32), has_box=jnp.zeros((), bool), mask_logits=low_res,
+                          has_mask=jnp.zeros((), bool))
+        pred, _ = _predict(segmenter, params, features, transform, prompts, config.threshold,
+                           config.multimask_output, inside)
+        return mask_iou(obj, pred, valid)
+
+    return jax.vmap(one)(jnp.asarray(points_xy))
+
+
+def sample_first_round_clicks(key, gt, transform: Transform, click_model, click_params, prepared,
+                              num: int) -> jax.Array:
+    """``num`` i.i.d. clicks from the full first-round clickability map (SamplingUsersCount, §5.1).
+
+    Round 1 has ``R = gt & V`` (positive); the draws are weighted by ``M * R``
+    (group bounds 0..1 keep every pixel). An all-zero map falls back to the Base
+    click for every draw.
+
+    Returns:
+      int32[num, 2] clicks (x, y).
+    """
+    obj, valid, inside = _object_and_valid(gt, transform)
+    error = choose_error_region(obj, jnp.zeros_like(obj), valid)
+    masked = masked_clickability(click_model.clickability(click_params, prepared, error.region, inside),
+                                 error.region, jnp.ones_like(obj))
+    drawn = sample_pixels(key, masked, num)
+    fallback = first_argmax_xy(error.distance)
+    return jnp.where(jnp.sum(masked) > 0, drawn, fallback[None, :])
+
+
+def simulate_instance(segmenter, params, features, transform: Transform, gt, click_model, click_params, prepared,
+                      key, user_points=None, *, config: RClicksConfig) -> InstanceResult:
+    """Every enabled mode for one instance (pure; vmap it over instances).
+
+    Args:
+      features, transform, gt, prepared: one instance (see `simulate_trajectory`).
+      key: the instance key (`instance_key`).
+      user_points: int[U, 2] real first-round clicks (x, y), U = ``config.user_slots``
+        (padding slots are evaluated too; the caller masks them); None when U = 0.
+    Returns:
+      `InstanceResult`.
+    """
+    slots = config.user_slots
+    base, groups = simulate_trajectories(segmenter, params, features, transform, gt, click_model, click_params,
+                                         prepared, key, config=config)
+    if slots:
+        if user_points is None or jnp.shape(user_points) != (slots, 2):
+            raise ValueError(f"user_points must have shape [{slots}, 2] (config.user_slots); "
+                             f"got {None if user_points is None else jnp.shape(user_points)}")
+        sampled = sample_first_round_clicks(jax.random.fold_in(key, SAMPLE_USERS_STREAM), gt, transform,
+                                            click_model, click_params, prepared, slots)
+        both = evaluate_single_clicks(segmenter, params, features, transform, gt,
+                                      jnp.concatenate([jnp.asarray(user_points, jnp.int32), sampled]), config=config)
+        user_iou, sample_iou = both[:slots], both[slots:]
+    else:
+        user_iou = sample_iou = jnp.zeros((0,), jnp.float32)
+        sampled = jnp.zeros((0, 2), jnp.int32)
+    return InstanceResult(base, groups, user_iou, sample_iou, sampled)
+
+
+# ---- batch function for the engine ----------------------------------------------------------
+
+def user_slot_count(counts, multiple: int = _USER_SLOT_MULTIPLE) -> int:
+    """Padded first-round slot count: the largest count rounded up to ``multiple`` (0 when no clicks).
+
+    Args:
+      counts: iterable of click counts per instance.
+      multiple: rounding granularity.
+    """
+    largest = max((int(c) for c in counts), default=0)
+    return -(-largest // multiple) * multiple
+
+
+def _place_like(tree, reference):
+    """device_put ``tree`` with ``reference``'s sharding when it is a sharded jax Array."""
+    sharding = getattr(reference, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.device_put(tree, sharding)
+    return tree
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *leaves: np.stack([np.asarray(leaf) for leaf in leaves]), *trees)
+
+
+class _SimulationProgram:
+    """The jitted core of one (segmenter, click model, config): embed, simulate every mode.
+
+    Shared by every batch function with equal static settings (`_simulation_program`),
+    so a process compiles it once per bucket shape and placement.
+    """
+
+    def __init__(self, segmenter, click_model, config: RClicksConfig):
+        self.segmenter = segmenter
+        self.click_model = click_model
+        self.config = config
+        self.traces = 0
+        self.jitted = jax.jit(self._simulate)
+
+    def _simulate(self, params, click_params, model_input, transform, gt, prepared, seeds, user_points):
+        self.traces += 1  # runs once per trace
+        config = self.config
+        features = self.segmenter.embed(params, model_input)
+        keys = jax.vmap(lambda s: instance_key(config.seed, s))(seeds)
+
+        def one(f, t, g, p, k, u):
+            return simulate_instance(self.segmenter, params, f, t, g, self.click_model, click_params, p, k,
+                                     u if config.user_slots else None, config=config)
+
+        result = jax.vmap(one)(features, transform, gt, prepared, keys, user_points)
+        outputs = {}
+        if config.run_base:
+            outputs.update(base_iou=result.base.iou, base_clicks=result.base.clicks)
+        if config.num_groups:
+            outputs.update(group_iou=result.groups.iou, group_clicks=result.groups.clicks,
+                           group_fallback=result.groups.used_fallback)
+        if config.user_slots:
+            outputs.update(user_iou=result.user_iou, sample_iou=result.sample_iou,
+                           sample_clicks=result.sample_clicks)
+        return outputs
+
+
+@functools.lru_cache(maxsize=16)
+def _simulation_program(segmenter, click_model, config: RClicksConfig) -> _SimulationProgram:
+    return _SimulationProgram(segmenter, click_model, config)
+
+
+class RClicksBatchFunction:
+    """``PaddedBatch -> dict[str, arrays [B, ...]]`` running every enabled mode (see `make_rclicks_batch_fn`).
+
+    Attributes:
+      config: the settings.
+      traces: how many times the jitted core was traced (one per bucket shape and
+        input placement; the core is shared with other batch functions of the same
+        segmenter, click model and config).
+    """
+
+    def __init__(self, segmenter, params, click_model, click_params, config: RClicksConfig,
+                 user_clicks: Mapping[int, np.ndarray]):
+        self.segmenter = segmenter
+        self.params = params
+        self.click_model = click_model
+        self.click_params = click_params
+        self.config = config
+        self.user_clicks = dict(user_clicks)
+        self._program = _simulation_program(segmenter, click_model, config)
+
+    @property
+    def traces(self) -> int:
+        """Traces of the shared jitted core so far."""
+        return self._program.traces
+
+    def _user_slots_of(self, seed: int, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        slots = self.config.user_slots
+        points = np.zeros((slots, 2), np.int32)
+        valid = np.zeros((slots,), bool)
+        clicks = self.user_clicks.get(int(seed))
+        if clicks is not None and len(clicks):
+            clicks = np.asarray(clicks, np.int64).reshape(-1, 2)
+            count = clicks.shape[0]
+            points[:count, 0] = np.clip(clicks[:, 0], 0, width - 1)
+            points[:count, 1] = np.clip(clicks[:, 1], 0, height - 1)
+            valid[:count] = True
+        return points, valid
+
+    def __call__(self, batch) -> dict:
+        """Runs the simulation on a `PaddedBatch` (host preprocessing, then one jitted call)."""
+        images, gts, sizes = np.asarray(batch.image), np.asarray(batch.gt), np.asarray(batch.size)
+        seeds = np.asarray(batch.seed).astype(np.uint32)
+        if gts.ndim != 3 or images.shape[:3] != gts.shape or sizes.shape != (gts.shape[0], 2):
+            raise ValueError(f"batch must hold image [B, Hf, Wf, 3], gt [B, Hf, Wf], size [B, 2]; got "
+                             f"{images.shape}, {gts.shape}, {sizes.shape}")
+        frame = (int(gts.shape[1]), int(gts.shape[2]))
+        inputs, transforms, prepared, user_points, user_valid = [], [], [], [], []
+        for slot in range(gts.shape[0]):
+            height, width = (int(v) for v in sizes[slot])
+            image = images[slot, :height, :width]
+            model_input, transform = self.segmenter.preprocess(image, frame_hw=frame)
+            inputs.append(np.asarray(model_input))
+            transforms.append(transform)
+            prepared.append(self.click_model.prepare(image, gts[slot, :height, :width] == 1, frame))
+            points, valid = self._user_slots_of(seeds[slot], height, width)
+            user_points.append(points)
+            user_valid.append(valid)
+        transform = jax.tree.map(lambda *leaves: jnp.stack(leaves), *transforms)
+        args = (np.stack(inputs), transform, gts, _stack(prepared), seeds, np.stack(user_points))
+        outputs = dict(self._program.jitted(self.params, self.click_params, *_place_like(args, batch.gt)))
+        if self.config.user_slots:
+            outputs["user_valid"] = _place_like(np.stack(user_valid), batch.gt)
+        return outputs
+
+
+def make_rclicks_batch_fn(segmenter, params, click_model, click_params=None, *,
+                          config: RClicksConfig | None = None,
+                          user_clicks: Mapping[tuple[str, str], Any] | None = None) -> RClicksBatchFunction:
+    """A batch function for `jaxseg_robust.runner.engine.run` running the RClicks simulation.
+
+    Args:
+      segmenter: a promptable Segmenter with ``config.low_res_size`` (the SAM family).
+      params: its parameters (for several devices: ``replicate(params, mesh)``).
+      click_model, click_params: a `clicksim.click_models` model and its variables
+        (None for the "dt" / "ud" baselines).
+      config: `RClicksConfig` (default: 20 rounds, 10 groups, Base, seed 42, no user modes).
+      user_clicks: optional ``{(dataset, id): int[n, 2] (x, y)}`` real first-round
+        clicks per instance (`clicksim.user_clicks.first_round_clicks`); enables the
+        User and SamplingUsersCount modes with ``user_slots`` = the largest n rounded
+        up to a multiple of 8 unless ``config.user_slots`` is set (it must then fit).
+    Returns:
+      `RClicksBatchFunction`. Outputs (leading axis B): ``base_iou`` f32[R],
+      ``base_clicks`` i32[R, 3]; ``group_iou`` f32[G, R], ``group_clicks`` i32[G, R, 3]
+      (x, y, is_positive), ``group_fallback`` bool[G, R]; with user clicks
+      ``user_iou``, ``sample_iou`` f32[U], ``sample_clicks`` i32[U, 2], ``user_valid`` bool[U].
+    Raises:
+      ValueError: bad settings, more clicks than slots, or two instances whose
+        per-instance seeds collide (their clicks could not be told apart).
+    """
+    config = RClicksConfig() if config is None else config
+    _low_res_shape(segmenter)
+    by_seed: dict[int, np.ndarray] = {}
+    if user_clicks:
+        owners: dict[int, tuple[str, str]] = {}
+        for key, clicks in user_clicks.items():
+            clicks = np.asarray(clicks)
+            if clicks.ndim != 2 or clicks.shape[1] != 2:
+                raise ValueError(f"user_clicks[{key!r}] must have shape [n, 2] (x, y); got {clicks.shape}")
+            seed = instance_seed(tuple(key))
+            if seed in owners and owners[seed] != tuple(key):
+                raise ValueError(f"user_clicks: instances {owners[seed]!r} and {key!r} share the per-instance seed "
+                                 f"{seed}; evaluate them in separate runs")
+            owners[seed] = tuple(key)
+            by_seed[seed] = clicks.astype(np.int64)
+        needed = user_slot_count(len(c) for c in by_seed.values())
+        if config.user_slots == 0:
+            config = dataclasses.replace(config, user_slots=needed)
+        elif config.user_slots < max(len(c) for c in by_seed.values()):
+            raise ValueError(f"config.user_slots={config.user_slots} is smaller than the largest click count "
+                             f"({max(len(c) for c in by_seed.values())})")
+    elif config.user_slots:
+        raise ValueError("config.user_slots > 0 needs user_clicks")
+    return RClicksBatchFunction(segmenter, params, click_model, click_params, config, by_seed)
+
+
+def finalize_record(instance, outputs: Mapping) -> dict:
+    """Engine ``finalize``: the per-instance payload, user arrays trimmed to the real clicks.
+
+    Args:
+      instance: the loaded `Instance`.
+      outputs: its slot of the batch outputs (NumPy).
+    Returns:
+      payload dict: ``base_iou`` [R], ``base_clicks`` [R, 3], ``group_iou`` [G, R],
+      ``group_clicks`` [G, R, 3], ``group_fallback`` [G, R] (those enabled), and with
+      user clicks ``user_iou`` [n], ``sample_iou`` [n], ``sample_clicks`` [n, 2],
+      ``n_user_clicks`` (n may be 0).
+    """
+    payload = {name: np.asarray(value) for name, value in outputs.items() if name != "user_valid"}
+    if "user_valid" in outputs:
+        count = int(np.sum(outputs["user_valid"]))
+        for name in ("user_iou", "sample_iou", "sample_clicks"):
+            payload[name] = payload[name][:count]
+        payload["n_user_clicks"] = count
+    return payload

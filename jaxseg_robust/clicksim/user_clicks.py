@@ -1,0 +1,95 @@
+"""Real first-round clicks of benchmark instances, from the clicks CSV (the ``User`` mode, §5.1).
+
+Reference: ../shared/spec/rclicks.md §1.1-§1.3 (schema, tasks, size cap), §5.1 (``User``:
+every real first-round click of the instance, both devices, CSV order), §6.2
+(instances without clicks are skipped).
+
+An instance ``(dataset, id)`` of the RITM-style loaders has id ``"<image stem>"``
+or ``"<image stem>#<object code>"`` (`data.datasets.split_instance_id`). Its
+first-round rows are those with ``click_type == "first"``, the CSV dataset name
+of the instance's dataset, its image stem, and ``object_stem == str(code)``; an
+instance without code, or the only instance of its image, also matches rows
+with an empty ``object_stem`` (the CSV's object is then the union of the
+image's labelled pixels, which is that instance).
+
+Coordinates: ``x <- clip(x, 0, w - 1)``, ``y <- clip(y, 0, h - 1)`` with the row's
+CSV size; when the CSV frame differs from the instance's size (e.g. TETRIS
+capped at 2048 px) the clicks are rescaled ``x <- floor(x W / w)``,
+``y <- floor(y H / h)`` (§1.2 step 3).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from jaxseg_robust.clicksim.clicks_csv import ClicksTable
+from jaxseg_robust.data.datasets import normalize_name, split_instance_id
+
+__all__ = ["CSV_DATASET_NAMES", "csv_dataset_name", "first_round_clicks"]
+
+# Canonical dataset names of `data.datasets` -> the CSV's ``dataset`` values (§1.1).
+CSV_DATASET_NAMES = {"grabcut": "GrabCut", "berkeley": "Berkeley", "davis": "DAVIS", "cocomval": "COCO",
+                     "coco": "COCO", "tetris": "TETRIS"}
+
+
+def csv_dataset_name(dataset: str, table: ClicksTable, overrides: Mapping[str, str] | None = None) -> str | None:
+    """The CSV ``dataset`` value of an instance dataset name, or None when the CSV has none.
+
+    Args:
+      dataset: instance dataset name (``"grabcut"``, ``"coco_mval"``, a folder name ...).
+      table: the clicks table (its ``dataset`` values are searched case-insensitively).
+      overrides: optional ``{instance dataset name: CSV dataset value}``.
+    """
+    if overrides and dataset in overrides:
+        return overrides[dataset]
+    present = {normalize_name(name): str(name) for name in np.unique(table.dataset)}
+    wanted = normalize_name(dataset)
+    canonical = CSV_DATASET_NAMES.get(wanted)
+    if canonical is not None and normalize_name(canonical) in present:
+        return present[normalize_name(canonical)]
+    return present.get(wanted)
+
+
+def _scaled(values: np.ndarray, csv_size: np.ndarray, size: int) -> np.ndarray:
+    clipped = np.clip(values, 0, csv_size - 1)
+    return np.where(csv_size == size, clipped, np.floor(clipped * size / csv_size)).astype(np.int64)
+
+
+def first_round_clicks(table: ClicksTable, instances: Iterable, *,
+                       dataset_names: Mapping[str, str] | None = None) -> dict[tuple[str, str], np.ndarray]:
+    """Real first-round clicks per instance (both devices, CSV order).
+
+    Args:
+      table: the clicks table (`clicksim.clicks_csv.read_clicks_csv`).
+      instances: `Instance`s or `InstanceRef`s (only ``key``, ``dataset``, ``id`` and ``size`` are read).
+      dataset_names: optional overrides ``{instance dataset: CSV dataset value}``.
+    Returns:
+      ``{(dataset, id): int64[n, 2] (x, y)}`` for every instance with n >= 1 clicks
+      (instances without clicks are absent, as the reference skips them).
+    """
+    instances = list(instances)
+    first = table.filter(click_type="first")
+    per_image = Counter((i.dataset, split_instance_id(i.id)[0]) for i in instances)
+    index: dict[tuple[str, str, str], np.ndarray] = {}
+    for row_index, key in enumerate(zip(first.dataset, first.image_stem, first.object_stem)):
+        index.setdefault(tuple(str(k) for k in key), []).append(row_index)
+    out: dict[tuple[str, str], np.ndarray] = {}
+    for instance in instances:
+        csv_name = csv_dataset_name(instance.dataset, first, dataset_names)
+        if csv_name is None:
+            continue
+        stem, code = split_instance_id(instance.id)
+        rows = list(index.get((csv_name, stem, "" if code is None else str(code)), []))
+        if code is not None and not rows and per_image[(instance.dataset, stem)] == 1:
+            rows = list(index.get((csv_name, stem, ""), []))
+        if not rows:
+            continue
+        rows = np.asarray(rows)
+        height, width = instance.size
+        xs = _scaled(first.x[rows], first.w[rows], width)
+        ys = _scaled(first.y[rows], first.h[rows], height)
+        out[instance.key] = np.stack([xs, ys], axis=1)
+    return out
