@@ -1,0 +1,329 @@
+"""`jaxseg-robust breps`: BREPS box robustness of a SAM-family model on benchmark datasets.
+
+Protocols (``--mode``; spec prompt-attacks.md §4, defaults = the reference code):
+  minmax  (default) the MIN and the MAX box attacks on one embedding per image:
+          IoU-Tight/Min/Max/Δ@BBox per dataset;
+  min, max  one attack (with IoU-Tight@BBox);
+  tight   the tight GT box with single-mask output (the jitter/user scripts' baseline);
+  jitter  the 10 jittered tight boxes of §4.8 (seed ``--seed``, shift ``--jitter-pow``);
+  user    real user boxes (§4.9) from ``--user-boxes CSV`` (``image_id,x1,y1,x2,y2[,user]``,
+          evaluation-frame pixels, image_id = the instance id or ``dataset/id``) or
+          ``--user-box-masks DIR`` (BREPS layout: one PNG per box, ``<stem>_1_<user>.png``).
+
+Records (``RUN_DIR/records.jsonl``, one JSON line per instance): the batch
+function's outputs (`jaxseg_robust.attacks.boxes.make_box_batch_fn`), with
+the per-iterate trajectory (boxes, losses, IoU/BIoU per step) unless
+``--no-trajectory``; user mode: per user box its IoU, BIoU, resized-frame
+IoU, box and user id. The per-dataset summary (`jaxseg_robust.reports.breps`)
+is printed and written to ``RUN_DIR/summary.md`` and ``RUN_DIR/summary.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import numpy as np
+
+from jaxseg_robust.commands.prompt_common import (
+    CommandError,
+    LoadedModel,
+    add_common_arguments,
+    add_flag,
+    finish,
+    finite_float,
+    load_instances,
+    load_model,
+    positive_int,
+    report_error,
+    run_protocol,
+)
+
+COMMAND = "breps"
+MODES = ("minmax", "min", "max", "tight", "jitter", "user")
+DEFAULT_BATCH_SIZE = 4
+USER_SLOT_MULTIPLE = 16
+
+EPILOG = """\
+examples:
+  jaxseg-robust breps --model sam_vit_b --datasets GrabCut,Berkeley,DAVIS,COCO_MVal \\
+      --data-root ~/datasets --out runs/breps_sam_vit_b
+      MIN and MAX attacks (50 Adam steps, lr_mult 9, lambda 0.1), IoU-Tight/Min/Max/Δ@BBox
+  jaxseg-robust breps --model sam_tiny --folder my/images my/masks --mask-ignore 128 \\
+      --n_opt_steps 10 --limit 5 --out runs/smoke
+      a quick smoke run on any image/mask folder with a random-weight test model
+  jaxseg-robust breps --model sam_vit_b --datasets DAVIS --mode user --user-boxes boxes.csv --out runs/user
+  jaxseg-robust breps --model sam_vit_b --datasets GrabCut --mode jitter --box-frame resized --out runs/jit
+
+Rerunning the same command resumes: finished instances are skipped, the table
+is printed again. Failed instances (unreadable files, mismatched mask sizes,
+empty masks) are recorded with their error and counted in the table.
+exit codes: 0 every instance ok, 1 some instances failed (listed), 2 bad
+arguments / nothing could be run.
+"""
+
+
+def register(subparsers) -> None:
+    """Adds the ``breps`` sub-command."""
+    parser = subparsers.add_parser(
+        COMMAND, help="BREPS adversarial / tight / jittered / user boxes for SAM-family models",
+        description="BREPS box-prompt robustness (adversarial MIN/MAX boxes, tight, jittered and real user "
+                    "boxes) of a SAM-family model on RITM-style datasets or any image/mask folder.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser, default_batch_size=DEFAULT_BATCH_SIZE)
+    group = parser.add_argument_group("BREPS protocol")
+    group.add_argument("--mode", choices=MODES, default="minmax", help="protocol (default %(default)s)")
+    add_flag(group, "--n-opt-steps", type=positive_int, default=50, metavar="S",
+             help="evaluated iterates per attack: the tight box + S-1 Adam updates (default %(default)s)")
+    add_flag(group, "--lr-mult", type=finite_float, default=9.0,
+             help="Adam lr = lr_mult * sqrt(H^2 + W^2) / (1024 sqrt 2) (default %(default)s)")
+    add_flag(group, "--lambda-mult", type=finite_float, default=0.1,
+             help="weight of the Gamma realism term over CIoU (default %(default)s)")
+    group.add_argument("--thresh", type=finite_float, default=0.5,
+                       help="probability threshold of the attack's masks (default %(default)s)")
+    add_flag(group, "--clip-and-order", action="store_true",
+             help="the paper's variant: order and clip the box to the image after every update "
+                  "(default: the code's raw box)")
+    add_flag(group, "--no-trajectory", action="store_true",
+             help="do not store the per-step boxes, losses and IoUs in the records")
+    add_flag(group, "--box-frame", choices=("evaluation", "resized"), default="evaluation",
+             help="tight/jitter/user-box-masks: draw boxes in the image frame or, as the reference "
+                  "scripts, in SAM's 1024-resized frame (default %(default)s)")
+    add_flag(group, "--float-boxes", action="store_true",
+             help="tight/jitter: keep fractional box coordinates (default: truncate to int as the reference)")
+    add_flag(group, "--jitter-pow", type=finite_float, default=0.3,
+             help="jitter: largest shift as a fraction of the box size (default %(default)s)")
+    group.add_argument("--seed", type=int, default=42,
+                       help="jitter: Python random seed, reset for every image as the reference (default %(default)s)")
+    add_flag(group, "--user-boxes", default=None, metavar="CSV",
+             help="user mode: CSV image_id,x1,y1,x2,y2[,user] in image pixels")
+    add_flag(group, "--user-box-masks", default=None, metavar="DIR",
+             help="user mode: folder of BREPS prompt PNGs <image stem>_1_<user>.png")
+    parser.set_defaults(func=run)
+
+
+# ---- validation and configuration ---------------------------------------------------------
+
+def check_protocol_arguments(args) -> None:
+    """Checks flag combinations and values before anything is loaded.
+
+    Raises:
+      CommandError: naming the flag.
+    """
+    from jaxseg_robust.attacks.boxes import BrepsConfig  # noqa: PLC0415
+
+    try:
+        BrepsConfig(mode="min", n_steps=args.n_opt_steps, lr_mult=args.lr_mult, lam=args.lambda_mult,
+                    thr=args.thresh)
+    except ValueError as error:
+        text = (str(error).replace("n_steps", "--n_opt_steps").replace("lr_mult", "--lr_mult")
+                .replace("lam ", "--lambda_mult ").replace("thr ", "--thresh "))
+        raise CommandError(text) from None
+    user_sources = [flag for flag, value in (("--user-boxes", args.user_boxes),
+                                             ("--user-box-masks", args.user_box_masks)) if value]
+    if args.mode == "user":
+        if len(user_sources) != 1:
+            raise CommandError("--mode user needs exactly one of --user-boxes CSV or --user-box-masks DIR")
+        if args.user_boxes and args.box_frame == "resized":
+            raise CommandError("--user-boxes CSV boxes are in image pixels; --box-frame resized applies to "
+                               "--user-box-masks only")
+    elif user_sources:
+        raise CommandError(f"{user_sources[0]} needs --mode user (got --mode {args.mode})")
+    if not 0.0 < args.jitter_pow:
+        raise CommandError(f"--jitter-pow must be > 0; got {args.jitter_pow}")
+
+
+def protocol_config(args, model: LoadedModel, user_fingerprint: str | None = None) -> dict:
+    """The run configuration recorded in (and compared on resume with) the manifest: only settings of the mode."""
+    # the weights themselves are pinned by the manifest's model fingerprint; a converted model's
+    # path is left out so that a moved models folder still resumes
+    source = model.source if model.source.startswith("random:") else "converted"
+    config = {"protocol": "breps", "mode": args.mode, "model": model.name, "model_source": source,
+              "image_resize": getattr(model.segmenter, "image_resize", None),
+              "compute_dtype": args.compute_dtype}
+    if args.mode in ("min", "max", "minmax"):
+        config.update(n_opt_steps=args.n_opt_steps, lr_mult=args.lr_mult, lambda_mult=args.lambda_mult,
+                      thresh=args.thresh, clip_and_order=args.clip_and_order,
+                      record_trajectory=not args.no_trajectory)
+    else:
+        config.update(box_frame=args.box_frame)
+        if args.mode in ("tight", "jitter"):
+            config.update(integer_boxes=not args.float_boxes)
+        if args.mode == "jitter":
+            config.update(jitter_pow=args.jitter_pow, seed=args.seed)
+        if args.mode == "user":
+            config.update(user_boxes=user_fingerprint)
+    return config
+
+
+# ---- user boxes ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class InstanceBoxes:
+    """The user boxes of one instance: boxes f32[n, 4] (in ``box_frame``), user ids, sources."""
+
+    boxes: np.ndarray
+    users: tuple[str, ...]
+
+
+def read_user_boxes(args, instances, long_side: int = 1024) -> tuple[dict, str, list[str]]:
+    """Reads ``--user-boxes`` / ``--user-box-masks`` and assigns the boxes to instances.
+
+    ``long_side`` is the model's input side: prompt masks' resized-frame boxes
+    (``--box-frame resized``) are taken from the mask resized to it, as the reference does.
+
+    Returns:
+      (instance key -> `InstanceBoxes`, fingerprint of the box source,
+      warnings: boxes of images that are not instances).
+
+    Raises:
+      CommandError: malformed files, ambiguous image ids, no instance with boxes.
+    """
+    from jaxseg_robust.data.user_boxes import UserBoxError, read_user_box_masks, read_user_boxes_csv  # noqa: PLC0415
+    from jaxseg_robust.runner.fingerprints import file_sha256, fingerprint_path  # noqa: PLC0415
+
+    by_id: dict[str, list] = {}
+    for instance in instances:
+        by_id.setdefault(instance.id, []).append(instance.key)
+        by_id.setdefault(f"{instance.dataset}/{instance.id}", []).append(instance.key)
+    try:
+        if args.user_boxes:
+            boxes = read_user_boxes_csv(args.user_boxes)
+            fingerprint = file_sha256(args.user_boxes)
+        else:
+            boxes = read_user_box_masks(args.user_box_masks, resized_long_side=long_side)
+            fingerprint = fingerprint_path(args.user_box_masks)
+    except (UserBoxError, OSError) as error:
+        raise CommandError(str(error)) from None
+    grouped: dict[tuple, list] = {}
+    unknown: dict[str, int] = {}
+    for box in boxes:
+        keys = by_id.get(box.image_id, [])
+        if len(keys) > 1:
+            raise CommandError(f"{box.source}: image id {box.image_id!r} names {len(keys)} instances "
+                               f"({', '.join('/'.join(k) for k in keys)}); write it as dataset/id")
+        if not keys:
+            unknown[box.image_id] = unknown.get(box.image_id, 0) + 1
+            continue
+        value = box.box_resized if args.box_frame == "resized" else box.box
+        grouped.setdefault(keys[0], []).append((value, box.user))
+    if not grouped:
+        raise CommandError("no user box belongs to an instance of the datasets (image_id = instance id, "
+                           "or dataset/id)")
+    notes = []
+    if unknown:
+        shown = ", ".join(sorted(unknown)[:5]) + (" ..." if len(unknown) > 5 else "")
+        notes.append(f"{sum(unknown.values())} user box(es) of {len(unknown)} image id(s) that are not "
+                     f"instances were ignored: {shown}")
+    assigned = {key: InstanceBoxes(np.asarray([v for v, _ in items], np.float32),
+                                   tuple(u for _, u in items)) for key, items in grouped.items()}
+    return assigned, fingerprint, notes
+
+
+class UserBoxBatchFunction:
+    """``PaddedBatch -> {iou, biou, iou_resized, boxes, box_valid}`` [B, K, ...] for user boxes.
+
+    The boxes of a slot are found by the batch's per-instance ``seed`` (a hash
+    of the instance key, `jaxseg_robust.data.buckets.instance_seed`), since a
+    batch carries no keys; the constructor rejects colliding seeds. Each image
+    is embedded once and all its boxes are decoded in one vmapped, jitted call
+    (`jaxseg_robust.attacks.boxes.evaluate_image_boxes`, single-mask output),
+    K = the largest box count rounded up to 16, so one program per frame.
+    Placeholder slots of a ragged tail are not evaluated (NaN).
+    """
+
+    def __init__(self, segmenter, params, boxes_by_key: dict, box_frame: str):
+        from jaxseg_robust.data.buckets import instance_seed  # noqa: PLC0415
+
+        self.segmenter, self.params, self.box_frame = segmenter, params, box_frame
+        self.by_seed: dict[int, InstanceBoxes] = {}
+        for key, boxes in boxes_by_key.items():
+            seed = instance_seed(key)
+            if seed in self.by_seed:
+                raise CommandError(f"instance seed collision for {'/'.join(key)}; rename one instance")
+            self.by_seed[seed] = boxes
+        most = max(len(b.boxes) for b in boxes_by_key.values())
+        self.slots = -(-most // USER_SLOT_MULTIPLE) * USER_SLOT_MULTIPLE
+
+    def __call__(self, batch) -> dict:
+        """Evaluates every valid slot's user boxes; returns NumPy arrays with leading axis B."""
+        from jaxseg_robust.attacks.boxes import evaluate_image_boxes  # noqa: PLC0415
+
+        images, gts = np.asarray(batch.image), np.asarray(batch.gt)
+        sizes, seeds, valid = np.asarray(batch.size), np.asarray(batch.seed), np.asarray(batch.instance_valid)
+        count, frame = gts.shape[0], (int(gts.shape[1]), int(gts.shape[2]))
+        out = {name: np.full((count, self.slots), np.nan, np.float32) for name in ("iou", "biou", "iou_resized")}
+        out["boxes"] = np.zeros((count, self.slots, 4), np.float32)
+        out["box_valid"] = np.zeros((count, self.slots), bool)
+        for slot in range(count):
+            if not valid[slot]:
+                continue
+            entry = self.by_seed[int(seeds[slot])]
+            height, width = (int(v) for v in sizes[slot])
+            scores = evaluate_image_boxes(self.segmenter, self.params, images[slot, :height, :width],
+                                          gts[slot, :height, :width], entry.boxes, box_frame=self.box_frame,
+                                          frame_hw=frame, slot_multiple=self.slots)
+            n = len(entry.boxes)
+            for name in ("iou", "biou", "iou_resized"):
+                out[name][slot, :n] = scores[name]
+            out["boxes"][slot, :n] = entry.boxes
+            out["box_valid"][slot, :n] = True
+        return out
+
+    def finalize(self, instance, outputs) -> dict:
+        """The record payload: the instance's own boxes only, with their user ids."""
+        from jaxseg_robust.data.buckets import instance_seed  # noqa: PLC0415
+
+        entry = self.by_seed[instance_seed(instance.key)]
+        n = len(entry.boxes)
+        payload = {name: np.asarray(outputs[name])[:n] for name in ("iou", "biou", "iou_resized", "boxes")}
+        payload["users"] = list(entry.users)
+        payload["box_frame"] = self.box_frame
+        return payload
+
+
+# ---- the command ---------------------------------------------------------------------------
+
+def make_batch_function(args, model: LoadedModel, user_boxes: dict | None = None):
+    """(batch_fn, finalize) of the chosen mode."""
+    from jaxseg_robust.attacks.boxes import make_box_batch_fn  # noqa: PLC0415
+
+    if args.mode == "user":
+        function = UserBoxBatchFunction(model.segmenter, model.params, user_boxes, args.box_frame)
+        return function, function.finalize
+    options = {"max_shift_frac": args.jitter_pow, "seed": args.seed} if args.mode == "jitter" else None
+    function = make_box_batch_fn(
+        model.segmenter, model.params, mode=args.mode, n_steps=args.n_opt_steps, lr_mult=args.lr_mult,
+        lam=args.lambda_mult, thr=args.thresh, clip_and_order=args.clip_and_order,
+        record_trajectory=not args.no_trajectory, box_frame=args.box_frame,
+        integer_boxes=not args.float_boxes, jitter_options=options)
+    return function, None
+
+
+def run(args) -> int:
+    """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
+    from jaxseg_robust.reports.breps import breps_table, load_run_records, to_csv, to_markdown  # noqa: PLC0415
+
+    try:
+        check_protocol_arguments(args)
+        instances = load_instances(args)
+        model = load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype)
+        user_boxes, user_fingerprint = None, None
+        if args.mode == "user":
+            long_side = int(model.segmenter.config.image_size)
+            user_boxes, user_fingerprint, notes = read_user_boxes(args, instances, long_side)
+            for note in notes:
+                print(f"warning: {note}", file=sys.stderr)
+            without = len(instances) - len(user_boxes)
+            if without:
+                print(f"note: {without} instance(s) have no user box and are not evaluated", file=sys.stderr)
+            instances = [instance for instance in instances if instance.key in user_boxes]
+        batch_fn, finalize = make_batch_function(args, model, user_boxes)
+        config = protocol_config(args, model, user_fingerprint)
+        summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
+                               finalize=finalize)
+        table = breps_table(load_run_records(args.out), args.mode)
+    except (CommandError, ValueError) as error:  # ValueError: bad data files, records of another protocol
+        return report_error(COMMAND, str(error))
+    return finish(COMMAND, args, summary, to_markdown(table), to_csv(table))

@@ -1,0 +1,398 @@
+"""Shared shell of the prompt-protocol commands (`breps`, `tetris`, `grid`).
+
+Each prompt-protocol command is: parse flags -> load a promptable model ->
+list dataset instances -> make a batch function -> `jaxseg_robust.runner.engine.run`
+into a run directory (manifest, append-only records, resume) -> print a
+per-dataset summary table. Everything but "make a batch function" and "the
+table" lives here, so a command module only adds its protocol flags, its
+batch function and its report.
+
+Flags added here (both spellings accepted where RITM/BREPS users type
+underscores, e.g. ``--batch-size`` / ``--batch_size``):
+
+  model     --model NAME_OR_DIR, --random-weights [SEED], --compute-dtype
+  data      --datasets A,B,..., --data-root DIR, --folder IMAGES MASKS (repeatable),
+            --mask-rule, --mask-ignore, --tetris-max-side, --limit N
+  run       --out RUN_DIR, --batch-size, --frame, --progress, --retry-failed,
+            --allow-manifest-mismatch, --abort-after
+
+Models: a converted directory (``python -m ports ...``) or a zoo name whose
+weights were converted into ``$JAXSEG_ROBUST_MODELS``; zoo test models that
+have no official weights (``sam_tiny``, ``mobile_sam_tiny``, ``sam_hq_tiny``)
+and any name given with ``--random-weights`` get seeded random weights (the
+run's model fingerprint records exactly which).
+
+Datasets: each listing problem (image without mask, unreadable header, image
+and mask sizes that differ) becomes an instance that the run records as
+failed with an error naming the file, so the run goes on and the exit code
+says "partial" (1). Exit codes: `jaxseg_robust.cli` (0 ok, 1 some instances
+failed, 2 bad arguments / nothing could be run / every instance failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import pathlib
+import re
+import sys
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+
+from jaxseg_robust.cli import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL
+
+FRAME_HELP = ("padded frame of each batch: 'exact' (one compile per image size), 'round:N' (H and W "
+              "rounded up to a multiple of N; fewer compiles, same numbers: SAM's post-processing runs "
+              "on each image's own size inside the frame) or 'fixed:HxW' (default %(default)s)")
+RANDOM_ONLY_HINT = "<none"  # zoo checkpoint hints of test models without official weights
+PROGRESS_CHOICES = ("auto", "tqdm", "plain", "none")
+
+
+class CommandError(Exception):
+    """A problem the user must fix (bad flag value, missing data or model); printed without traceback."""
+
+
+# ---- flags -------------------------------------------------------------------------------
+
+def flag_spellings(name: str) -> list[str]:
+    """``"--n-opt-steps"`` -> ``["--n-opt-steps", "--n_opt_steps"]`` (one entry when there is no dash)."""
+    if not name.startswith("--"):
+        raise ValueError(f"name must start with '--'; got {name!r}")
+    underscored = "--" + name[2:].replace("-", "_")
+    return [name] if underscored == name else [name, underscored]
+
+
+def add_flag(parser, name: str, **kwargs):
+    """``parser.add_argument`` under both the dash and the underscore spelling of ``name``."""
+    kwargs.setdefault("dest", name[2:].replace("-", "_"))
+    return parser.add_argument(*flag_spellings(name), **kwargs)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite float."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def add_model_arguments(parser) -> None:
+    """--model, --random-weights, --compute-dtype."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", required=True, metavar="NAME_OR_DIR",
+                       help="zoo name (e.g. sam_vit_b, mobile_sam, sam_hq_vit_b; converted weights in "
+                            "$JAXSEG_ROBUST_MODELS) or a directory made by `python -m ports`")
+    add_flag(group, "--random-weights", nargs="?", type=non_negative_int, const=0, default=None,
+             metavar="SEED", help="use seeded random weights (smoke tests, benchmarks); automatic for "
+                                  "test models without official weights (sam_tiny, ...)")
+    add_flag(group, "--compute-dtype", choices=("float32", "bfloat16"), default=None,
+             help="image-encoder compute dtype (default: the model's, float32)")
+
+
+def add_dataset_arguments(parser) -> None:
+    """--datasets, --data-root, --folder, --mask-rule, --mask-ignore, --tetris-max-side, --limit."""
+    group = parser.add_argument_group("data")
+    group.add_argument("--datasets", default=None, metavar="A,B,...",
+                       help="RITM-style benchmark folders under --data-root: grabcut, berkeley, davis, "
+                            "coco_mval, tetris (case and '_'/'-' ignored: GrabCut,COCO_MVal)")
+    add_flag(group, "--data-root", default=None, metavar="DIR",
+             help="folder holding the dataset folders (default $JAXSEG_ROBUST_DATA)")
+    group.add_argument("--folder", nargs=2, action="append", default=[], metavar=("IMAGES", "MASKS"),
+                       help="any folder of images and a folder of masks matched by file stem (repeatable); "
+                            "the dataset is named after the images folder's parent")
+    add_flag(group, "--mask-rule", default=">128",
+             help="--folder masks: foreground rule on the pixel value ('>N', '>=N', '==N', '!=N'; "
+                  "default %(default)s)")
+    add_flag(group, "--mask-ignore", type=int, default=None, metavar="VALUE",
+             help="--folder masks: pixel value marking ignored pixels (e.g. 128)")
+    add_flag(group, "--tetris-max-side", type=non_negative_int, default=None, metavar="PX",
+             help="TETRIS: cap of the longest side (default 1024 as BREPS; 0 = original size)")
+    group.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                       help="only the first N instances of each dataset")
+
+
+def add_run_arguments(parser, *, default_batch_size: int, default_frame: str = "round:64") -> None:
+    """--out, --batch-size, --frame, --progress, --retry-failed, --allow-manifest-mismatch, --abort-after."""
+    group = parser.add_argument_group("run")
+    group.add_argument("--out", required=True, metavar="RUN_DIR",
+                       help="run directory (created; rerunning the same command resumes and skips what is done)")
+    add_flag(group, "--batch-size", type=positive_int, default=default_batch_size,
+             help="instances per jitted call (default %(default)s; rounded up to a multiple of the devices)")
+    group.add_argument("--frame", default=default_frame, help=FRAME_HELP)
+    group.add_argument("--progress", choices=PROGRESS_CHOICES, default="auto",
+                       help="progress display (default %(default)s: a tqdm bar when installed)")
+    add_flag(group, "--retry-failed", action="store_true", help="rerun instances recorded as failed")
+    add_flag(group, "--allow-manifest-mismatch", action="store_true",
+             help="resume into a run directory made with other settings (differences are logged)")
+    add_flag(group, "--abort-after", type=positive_int, default=32, metavar="N",
+             help="stop after N instances in a row fail in the model (a systematic error; default %(default)s)")
+
+
+def add_common_arguments(parser, *, default_batch_size: int, default_frame: str = "round:64") -> None:
+    """The model, data and run flag groups."""
+    add_model_arguments(parser)
+    add_dataset_arguments(parser)
+    add_run_arguments(parser, default_batch_size=default_batch_size, default_frame=default_frame)
+
+
+# ---- parsing helpers ---------------------------------------------------------------------
+
+def parse_frame_policy(text: str):
+    """``'exact'`` | ``'round:N'`` | ``'fixed:HxW'`` -> a `jaxseg_robust.data.buckets` frame policy.
+
+    Raises:
+      CommandError: naming ``--frame``.
+    """
+    from jaxseg_robust.data.buckets import ExactFrame, FixedFrame, RoundUpFrame  # noqa: PLC0415
+
+    value = str(text).strip().lower()
+    if value == "exact":
+        return ExactFrame()
+    match = re.fullmatch(r"round:(\d+)", value)
+    if match and int(match.group(1)) >= 1:
+        return RoundUpFrame(int(match.group(1)))
+    match = re.fullmatch(r"fixed:(\d+)x(\d+)", value)
+    if match and min(int(match.group(1)), int(match.group(2))) >= 1:
+        return FixedFrame(int(match.group(1)), int(match.group(2)))
+    raise CommandError(f"--frame must be 'exact', 'round:N' or 'fixed:HxW' with positive numbers; got {text!r}")
+
+
+# ---- model -------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """A promptable model ready for a batch function.
+
+    Attributes:
+      name: what ``--model`` said.
+      segmenter: the Segmenter (static).
+      params: parameter pytree (replicated over the data mesh).
+      fingerprint: ``sha256:...`` of the weights (converted directory files or random params).
+      source: ``"random:<seed>"`` or the converted directory.
+    """
+
+    name: str
+    segmenter: object
+    params: object
+    fingerprint: str
+    source: str
+
+
+def _random_only(name: str) -> bool:
+    from jaxseg_robust.models import zoo  # noqa: PLC0415
+
+    try:
+        return zoo.get(name).checkpoint_hint.startswith(RANDOM_ONLY_HINT)
+    except ValueError:
+        return False
+
+
+def load_model(name_or_dir: str, *, random_seed: int | None = None, compute_dtype: str | None = None,
+               mesh=None) -> LoadedModel:
+    """Loads ``--model``: converted weights, or seeded random weights (see the module docstring).
+
+    Raises:
+      CommandError: unknown name, weights not converted, damaged directory.
+    """
+    from jaxseg_robust.models import zoo  # noqa: PLC0415
+    from jaxseg_robust.runner.fingerprints import fingerprint_params, fingerprint_path  # noqa: PLC0415
+    from jaxseg_robust.runner.sharding import data_mesh, replicate  # noqa: PLC0415
+
+    mesh = data_mesh() if mesh is None else mesh
+    is_dir = pathlib.Path(name_or_dir).expanduser().is_dir()
+    try:
+        if not is_dir and (random_seed is not None or _random_only(name_or_dir)):
+            seed = 0 if random_seed is None else int(random_seed)
+            segmenter = zoo.segmenter(name_or_dir, compute_dtype=compute_dtype)
+            params = segmenter.init(seed)
+            return LoadedModel(name_or_dir, segmenter, replicate(params, mesh), fingerprint_params(params),
+                               f"random:{seed}")
+        if random_seed is not None:
+            raise CommandError("--random-weights takes a zoo name, not a converted directory")
+        segmenter, params, _ = zoo.load_params(name_or_dir, compute_dtype=compute_dtype)
+        path = zoo.resolve(name_or_dir)
+        return LoadedModel(name_or_dir, segmenter, replicate(params, mesh), fingerprint_path(path), str(path))
+    except CommandError:
+        raise
+    except (ValueError, FileNotFoundError, OSError) as error:
+        raise CommandError(f"--model {name_or_dir}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - e.g. ports.store.StoreError on a damaged directory
+        raise CommandError(f"--model {name_or_dir}: {type(error).__name__}: {error}") from None
+
+
+# ---- instances ---------------------------------------------------------------------------
+
+def _folder_name(images: pathlib.Path) -> str:
+    parent = images.resolve().parent
+    return parent.name or images.resolve().name
+
+
+def load_instances(args) -> list:
+    """Lists every instance of ``--datasets`` and ``--folder`` (lazy `InstanceRef`s, ``--limit`` applied).
+
+    Listing problems become failing instances (``on_bad_pair="fail"``), each
+    naming its file; they are recorded as failed by the run.
+
+    Raises:
+      CommandError: no dataset given, unknown names, missing folders, a dataset
+        listed twice, bad mask rules.
+    """
+    from jaxseg_robust.data.datasets import (  # noqa: PLC0415
+        DatasetWarning,
+        list_dataset_folder,
+        resolve_datasets,
+    )
+
+    if not args.datasets and not args.folder:
+        raise CommandError("give --datasets NAMES and/or --folder IMAGES MASKS")
+    groups: list[tuple[str, list]] = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", DatasetWarning)
+            if args.datasets:
+                for source in resolve_datasets(args.datasets, args.data_root):
+                    options = {"name": source.name, "on_bad_pair": "fail"}
+                    if source.kind == "tetris" and args.tetris_max_side is not None:
+                        options["max_side"] = args.tetris_max_side
+                    groups.append((source.name, list_dataset_folder(source.kind, source.path, **options)))
+            for images_text, masks_text in args.folder:
+                images, masks = pathlib.Path(images_text), pathlib.Path(masks_text)
+                for label, path in (("IMAGES", images), ("MASKS", masks)):
+                    if not path.is_dir():
+                        raise CommandError(f"--folder {label} {path} is not a directory")
+                name = _folder_name(images)
+                refs = list_dataset_folder("folder", images.resolve().parent, name=name,
+                                           images_dir=str(images.resolve()), masks_dir=str(masks.resolve()),
+                                           on_bad_pair="fail", rule=args.mask_rule, ignore_value=args.mask_ignore)
+                groups.append((name, refs))
+    except CommandError:
+        raise
+    except ValueError as error:  # DatasetError is a ValueError
+        raise CommandError(str(error)) from None
+    names = [name for name, _ in groups]
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise CommandError(f"dataset name(s) {duplicated} given twice (a --folder is named after the "
+                           "parent of its IMAGES folder)")
+    instances = []
+    for _, refs in groups:
+        instances.extend(refs if args.limit is None else refs[:args.limit])
+    if not instances:
+        raise CommandError("the datasets hold no instances")
+    return instances
+
+
+def dataset_names(instances: Sequence) -> list[str]:
+    """Dataset names in first-seen order."""
+    return list(dict.fromkeys(instance.dataset for instance in instances))
+
+
+# ---- running -----------------------------------------------------------------------------
+
+def run_protocol(args, *, instances: Sequence, batch_fn: Callable, config: Mapping, model: LoadedModel,
+                 finalize: Callable | None = None, mesh=None):
+    """Runs ``batch_fn`` over ``instances`` into ``args.out`` with the engine (resume, records, progress).
+
+    Returns:
+      The engine's `RunSummary`.
+
+    Raises:
+      CommandError: manifest mismatch, busy run directory, aborted run, bad run directory.
+    """
+    from jaxseg_robust.data.instances import require_object  # noqa: PLC0415
+    from jaxseg_robust.runner.engine import RunAbortedError, run  # noqa: PLC0415
+    from jaxseg_robust.runner.rundir import ManifestMismatchError, RunDirectoryBusyError  # noqa: PLC0415
+
+    policy = parse_frame_policy(args.frame)
+    try:
+        return run(instances, batch_fn, args.out, args.batch_size, config=config,
+                   model_fingerprint=model.fingerprint, frame_policy=policy, finalize=finalize,
+                   check=require_object, mesh=mesh, allow_manifest_mismatch=args.allow_manifest_mismatch,
+                   retry_failed=args.retry_failed, abort_after_consecutive_failures=args.abort_after,
+                   progress=args.progress)
+    except ManifestMismatchError as error:
+        raise CommandError(f"{error}".replace("allow_mismatch=True", "--allow-manifest-mismatch")) from None
+    except (RunDirectoryBusyError, RunAbortedError) as error:
+        raise CommandError(str(error)) from None
+    except (ValueError, OSError) as error:
+        raise CommandError(f"{type(error).__name__}: {error}") from None
+
+
+def exit_code(summary, recorded_ok: int) -> int:
+    """CLI exit code of a finished run: 2 if nothing is recorded as ok, 1 if some instance failed, else 0."""
+    if recorded_ok == 0:
+        return EXIT_FAILURE
+    return EXIT_PARTIAL if summary.exit_code != EXIT_OK else EXIT_OK
+
+
+def report_error(command: str, message: str, stream=None) -> int:
+    """Prints ``jaxseg-robust COMMAND: error: MESSAGE`` to stderr; returns EXIT_FAILURE."""
+    print(f"jaxseg-robust {command}: error: {message}", file=sys.stderr if stream is None else stream)
+    return EXIT_FAILURE
+
+
+def print_outcome(summary, table: str, files: Sequence[pathlib.Path], stream=None) -> None:
+    """Prints the run summary (counts, failures), the table and where the files are."""
+    out = sys.stdout if stream is None else stream
+    print(summary.format(), file=out)
+    print("", file=out)
+    print(table, file=out)
+    for path in files:
+        print(f"wrote {path}", file=out)
+
+
+def write_tables(run_dir, markdown: str, csv_text: str, stem: str = "summary") -> list[pathlib.Path]:
+    """Writes ``<stem>.md`` and ``<stem>.csv`` into the run directory; returns their paths."""
+    run_dir = pathlib.Path(run_dir)
+    paths = [run_dir / f"{stem}.md", run_dir / f"{stem}.csv"]
+    paths[0].write_text(markdown + "\n", encoding="utf-8")
+    paths[1].write_text(csv_text, encoding="utf-8")
+    return paths
+
+
+def finish(command: str, args, summary, markdown: str, csv_text: str) -> int:
+    """The common end of a prompt-protocol command: write and print the tables, return the exit code.
+
+    Args:
+      command: the sub-command name (for messages).
+      args: parsed flags (``args.out`` is the run directory).
+      summary: the engine's `RunSummary` of this call.
+      markdown, csv_text: the per-dataset table of every record in the run directory.
+
+    Returns:
+      `exit_code` over everything recorded in the run directory.
+    """
+    from jaxseg_robust.runner.engine import recorded_counts  # noqa: PLC0415
+
+    files = write_tables(args.out, markdown, csv_text)
+    print_outcome(summary, markdown, files)
+    code = exit_code(summary, recorded_counts(args.out)["ok"])
+    if code == EXIT_FAILURE:
+        report_error(command, f"no instance succeeded (see the failures above and {args.out}/records*.jsonl)")
+    return code

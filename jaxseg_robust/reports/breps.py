@@ -1,0 +1,267 @@
+"""BREPS per-dataset tables from a run directory's records (Markdown and CSV).
+
+`breps_table(records, mode)` is pure: it takes the records of a run (dicts as
+`jaxseg_robust.runner.records` writes them: ``dataset``, ``id``, ``status``,
+``payload``) and the protocol mode, and returns one `BrepsRow` per dataset
+(first-seen order) plus, with several datasets, a ``mean`` row averaging the
+dataset rows (the paper also quotes averages over datasets). `to_markdown` /
+`to_csv` render it; `load_run_records` reads a run directory (the only I/O here).
+
+Columns by mode (spec prompt-attacks §4.6, §4.8, §4.9), each a dataset mean of
+per-instance values, NaNs skipped (an instance whose IoU is undefined, i.e.
+an empty union outside the ignore band, is counted in ``undefined``):
+
+  min / max / minmax  iou_tight (IoU-Tight@BBox: the attack's iterate 0, the tight
+                      box with multimask + argmax), iou_min / iou_max (the best
+                      iterate of the MIN / MAX attack), iou_delta = iou_max - iou_min
+                      (minmax only); the same for Boundary IoU (biou_*).
+  tight               iou_tight / biou_tight: the tight box with single-mask output
+                      (the jitter/user scripts' baseline), iou_tight_resized: the
+                      reference scripts' IoU at SAM's resized resolution.
+  jitter              iou_jitter / biou_jitter / iou_jitter_resized: per instance the
+                      mean over its jittered boxes, then the dataset mean.
+  user                iou_user / iou_user_std (and the resized-resolution pair): the
+                      BREPS notebook's ``mean over images of the per-image mean over
+                      users ± mean over images of the per-image std (ddof 1)``.
+
+Values are fractions in [0, 1] in the rows and the CSV; the Markdown table
+shows them x100 (the papers' convention).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+import pathlib
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+MODES = ("min", "max", "minmax", "tight", "jitter", "user")
+MEAN_ROW = "mean"
+_ATTACK = ("min", "max", "minmax")
+
+# column -> Markdown header, per mode (the CSV has every column of MODE_COLUMNS).
+HEADERS = {
+    "iou_tight": "IoU-Tight@BBox", "iou_min": "IoU-Min@BBox", "iou_max": "IoU-Max@BBox",
+    "iou_delta": "IoU-Δ@BBox", "biou_tight": "BIoU-Tight", "biou_min": "BIoU-Min", "biou_max": "BIoU-Max",
+    "biou_delta": "BIoU-Δ", "iou_tight_resized": "IoU-Tight (resized)",
+    "iou_jitter": "IoU-Jitter", "biou_jitter": "BIoU-Jitter", "iou_jitter_resized": "IoU-Jitter (resized)",
+    "iou_user": "IoU-User", "iou_user_std": "± std", "iou_user_resized": "IoU-User (resized)",
+    "iou_user_resized_std": "± std (resized)",
+}
+MODE_COLUMNS = {
+    "min": ("iou_tight", "iou_min", "biou_tight", "biou_min"),
+    "max": ("iou_tight", "iou_max", "biou_tight", "biou_max"),
+    "minmax": ("iou_tight", "iou_min", "iou_max", "iou_delta", "biou_tight", "biou_min", "biou_max",
+               "biou_delta"),
+    "tight": ("iou_tight", "biou_tight", "iou_tight_resized"),
+    "jitter": ("iou_jitter", "biou_jitter", "iou_jitter_resized"),
+    "user": ("iou_user", "iou_user_std", "iou_user_resized", "iou_user_resized_std"),
+}
+# the columns the terminal / Markdown table shows (IoU only, as the BREPS tables)
+MARKDOWN_COLUMNS = {
+    "min": ("iou_tight", "iou_min"),
+    "max": ("iou_tight", "iou_max"),
+    "minmax": ("iou_tight", "iou_min", "iou_max", "iou_delta"),
+    "tight": ("iou_tight", "iou_tight_resized"),
+    "jitter": ("iou_jitter", "iou_jitter_resized"),
+    "user": ("iou_user", "iou_user_std", "iou_user_resized"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BrepsRow:
+    """One dataset's line.
+
+    Attributes:
+      dataset: dataset name (or ``"mean"`` for the average over datasets).
+      ok: instances recorded as ok; failed: instances recorded as failed.
+      undefined: ok instances with a NaN in one of the row's per-instance values.
+      values: column -> fraction in [0, 1] (NaN when nothing defined).
+    """
+
+    dataset: str
+    ok: int
+    failed: int
+    undefined: int
+    values: Mapping[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class BrepsTable:
+    """The per-dataset table of one run: its mode and rows (datasets, then ``mean`` if several)."""
+
+    mode: str
+    rows: tuple[BrepsRow, ...]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Value columns of this mode (CSV order)."""
+        return MODE_COLUMNS[self.mode]
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+
+
+def _number(value) -> float:
+    """A record scalar as float (JSON null -> NaN)."""
+    return math.nan if value is None else float(value)
+
+
+def _list(value) -> np.ndarray:
+    return np.array([_number(v) for v in (value or [])], np.float64)
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    array = np.asarray(values, np.float64)
+    array = array[~np.isnan(array)]
+    return float(array.mean()) if array.size else math.nan
+
+
+def _user_stats(ious: np.ndarray) -> tuple[float, float]:
+    """(mean, std ddof=1) of one image's user IoUs, NaNs skipped (pandas semantics)."""
+    ious = ious[~np.isnan(ious)]
+    mean = float(ious.mean()) if ious.size else math.nan
+    std = float(ious.std(ddof=1)) if ious.size >= 2 else math.nan
+    return mean, std
+
+
+def instance_values(payload: Mapping, mode: str) -> dict[str, float]:
+    """The per-instance values behind the table's columns (fractions; NaN where undefined).
+
+    Args:
+      payload: an ok record's payload as the ``breps`` command writes it.
+      mode: the run's mode.
+
+    Returns:
+      column -> value for the mode's columns (``*_delta`` excluded: it is a
+      difference of dataset means; ``iou_user_std`` is the image's std over users).
+
+    Raises:
+      KeyError: the payload lacks a field of the mode (a record of another protocol).
+    """
+    _check_mode(mode)
+    if mode in _ATTACK:
+        values = {"iou_tight": _number(payload["tight_iou"]), "biou_tight": _number(payload["tight_biou"])}
+        for attack in ("min", "max"):
+            if mode == "minmax":
+                part = payload[attack]
+            elif mode == attack:
+                part = payload
+            else:
+                continue
+            values[f"iou_{attack}"] = _number(part["iou"])
+            values[f"biou_{attack}"] = _number(part["biou"])
+        return values
+    if mode == "tight":
+        return {"iou_tight": _number(payload["iou"]), "biou_tight": _number(payload["biou"]),
+                "iou_tight_resized": _number(payload["iou_resized"])}
+    if mode == "jitter":
+        return {"iou_jitter": _number(payload["mean_iou"]), "biou_jitter": _number(payload["mean_biou"]),
+                "iou_jitter_resized": _number(payload["mean_iou_resized"])}
+    mean, std = _user_stats(_list(payload["iou"]))
+    mean_resized, std_resized = _user_stats(_list(payload["iou_resized"]))
+    return {"iou_user": mean, "iou_user_std": std, "iou_user_resized": mean_resized,
+            "iou_user_resized_std": std_resized}
+
+
+def _dataset_row(dataset: str, ok_payloads: list[Mapping], failed: int, mode: str) -> BrepsRow:
+    per_instance = [instance_values(payload, mode) for payload in ok_payloads]
+    columns = [c for c in MODE_COLUMNS[mode] if not c.endswith("_delta")]
+    std_columns = {"iou_user_std", "iou_user_resized_std"}  # an image with one user has no std: not undefined
+    undefined = sum(any(math.isnan(v[c]) for c in columns if c not in std_columns) for v in per_instance)
+    values = {c: _nanmean([v[c] for v in per_instance]) for c in columns}
+    for metric in ("iou", "biou"):
+        if f"{metric}_delta" in MODE_COLUMNS[mode]:
+            values[f"{metric}_delta"] = values[f"{metric}_max"] - values[f"{metric}_min"]
+    return BrepsRow(dataset, len(ok_payloads), failed, undefined, {c: values[c] for c in MODE_COLUMNS[mode]})
+
+
+def breps_table(records: Iterable[Mapping], mode: str) -> BrepsTable:
+    """The per-dataset table of a BREPS run (pure).
+
+    Args:
+      records: latest record per instance (dicts with ``dataset``, ``status``
+        and, when ok, ``payload``); a later record of the same key should
+        already have replaced an earlier one (`runner.records.latest_records`).
+      mode: "min", "max", "minmax", "tight", "jitter" or "user".
+
+    Returns:
+      `BrepsTable`: one row per dataset in first-seen order, then a ``mean``
+      row (mean over the dataset rows of each column, counts summed) when
+      there are several datasets.
+
+    Raises:
+      ValueError: unknown mode, or an ok record whose payload lacks a field
+        of the mode (naming the record).
+    """
+    _check_mode(mode)
+    ok: dict[str, list] = {}
+    failed: dict[str, int] = {}
+    for record in records:
+        dataset = str(record.get("dataset", ""))
+        ok.setdefault(dataset, [])
+        failed.setdefault(dataset, 0)
+        if record.get("status") == "ok":
+            payload = record.get("payload") or {}
+            try:
+                instance_values(payload, mode)
+            except (KeyError, TypeError) as error:
+                raise ValueError(f"record {dataset}/{record.get('id')} has no field {error} of a BREPS "
+                                 f"{mode!r} run") from None
+            ok[dataset].append(payload)
+        else:
+            failed[dataset] += 1
+    rows = [_dataset_row(name, ok[name], failed[name], mode) for name in ok]
+    if len(rows) > 1:
+        means = {c: _nanmean([row.values[c] for row in rows]) for c in MODE_COLUMNS[mode]}
+        rows.append(BrepsRow(MEAN_ROW, sum(r.ok for r in rows), sum(r.failed for r in rows),
+                             sum(r.undefined for r in rows), means))
+    return BrepsTable(mode, tuple(rows))
+
+
+def _percent(value: float) -> str:
+    return "nan" if math.isnan(value) else f"{100.0 * value:.2f}"
+
+
+def to_markdown(table: BrepsTable) -> str:
+    """A Markdown table: dataset, ok, failed, the mode's IoU columns x100 (undefined count if any)."""
+    columns = MARKDOWN_COLUMNS[table.mode]
+    undefined = any(row.undefined for row in table.rows)
+    headers = ["dataset", "ok", "failed"] + [HEADERS[c] for c in columns] + (["undefined"] if undefined else [])
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
+    for row in table.rows:
+        cells = [row.dataset, str(row.ok), str(row.failed)] + [_percent(row.values[c]) for c in columns]
+        if undefined:
+            cells.append(str(row.undefined))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\nIoU x100, mode {table.mode}" + (
+        "; undefined = instances with an empty union (NaN), left out of the means" if undefined else "")
+
+
+def to_csv(table: BrepsTable) -> str:
+    """CSV text: dataset, ok, failed, undefined, every column of the mode as a fraction (repr precision)."""
+    handle = io.StringIO()
+    writer = csv.writer(handle, lineterminator="\n")
+    writer.writerow(["dataset", "ok", "failed", "undefined", *table.columns])
+    for row in table.rows:
+        writer.writerow([row.dataset, row.ok, row.failed, row.undefined,
+                         *(repr(float(row.values[c])) for c in table.columns)])
+    return handle.getvalue()
+
+
+def load_run_records(run_dir) -> list[dict]:
+    """The latest record of every instance of a run directory (all processes' files)."""
+    from jaxseg_robust.runner.records import latest_records, read_run_records  # noqa: PLC0415
+
+    return list(latest_records(read_run_records(pathlib.Path(run_dir))).values())
+
+
+__all__ = ["MODES", "MEAN_ROW", "HEADERS", "MODE_COLUMNS", "BrepsRow", "BrepsTable", "instance_values",
+           "breps_table", "to_markdown", "to_csv", "load_run_records"]

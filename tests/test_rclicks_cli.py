@@ -1,0 +1,83 @@
+"""`jaxseg-robust rclicks` end to end on a tiny folder dataset; user clicks from a CSV; the report."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from jaxseg_robust import cli
+from jaxseg_robust.clicksim.clicks_csv import parse_clicks_csv
+from jaxseg_robust.clicksim.user_clicks import first_round_clicks
+from jaxseg_robust.data.instances import InstanceRef
+from jaxseg_robust.reports.rclicks import group_index_map, plot_clicking_groups
+
+HEADER = "dataset,image_stem,object_stem,model_type,click_type,full_stem,device,x,y,w,h\n"
+
+
+def _folder(root, count=3):
+    images, masks = root / "toy" / "images", root / "toy" / "masks"
+    images.mkdir(parents=True)
+    masks.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        height, width = 32 + 2 * index, 40 - 3 * index
+        image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        mask = np.zeros((height, width), np.uint8)
+        mask[6:24, 8 + index:30 - index] = 255
+        Image.fromarray(image).save(images / f"a{index}.png")
+        Image.fromarray(mask).save(masks / f"a{index}.png")
+    return images, masks
+
+
+def test_first_round_clicks_from_the_csv():
+    text = HEADER + ("GrabCut,img1,,,first,img1,pc,5,6,100,50\n"
+                     "GrabCut,img1,,,first,img1,mobile,120,-3,100,50\n"
+                     "GrabCut,img1,,sam,fn,img1_sam_fn,pc,1,1,100,50\n"
+                     "TETRIS,t1,3,,first,t1_______3,pc,10,5,20,10\n"
+                     "TETRIS,t2,,,first,t2,pc,4,4,20,10\n")
+    table = parse_clicks_csv(io.StringIO(text))
+    refs = [InstanceRef("img1", 50, 100, None, "grabcut"), InstanceRef("t1#3", 20, 40, None, "tetris"),
+            InstanceRef("t1#4", 20, 40, None, "tetris"), InstanceRef("t2#1", 10, 20, None, "tetris"),
+            InstanceRef("img9", 50, 100, None, "grabcut")]
+    clicks = first_round_clicks(table, refs)
+    assert set(clicks) == {("grabcut", "img1"), ("tetris", "t1#3"), ("tetris", "t2#1")}
+    np.testing.assert_array_equal(clicks[("grabcut", "img1")], [[5, 6], [99, 0]])  # clipped, fn row ignored
+    np.testing.assert_array_equal(clicks[("tetris", "t1#3")], [[20, 10]])  # CSV frame 20x10 -> 40x20
+    np.testing.assert_array_equal(clicks[("tetris", "t2#1")], [[4, 4]])  # only instance: '' object stem
+
+
+def test_group_index_map_and_plot(tmp_path):
+    values = np.array([[0, 0, 0, 1, 1], [2, 2, 3, 4, 5], [6, 7, 8, 9, 10]], np.float32)
+    groups = group_index_map(values)
+    assert groups[0, 0] == -1 and groups[2, 4] == 9 and groups[1, 0] == 1  # value 2 is shared by G1/G2
+    assert np.all(np.diff(groups[values > 0][np.argsort(values[values > 0], kind="stable")]) >= 0)
+    path = plot_clicking_groups(np.zeros((3, 5, 3), np.uint8), values > 0, groups, tmp_path / "g.png",
+                                title="t", clicks=np.array([[1, 1]]))
+    assert path.stat().st_size > 0
+
+
+def test_cli_end_to_end_with_resume(tmp_path, capsys):
+    images, masks = _folder(tmp_path)
+    (tmp_path / "clicks.csv").write_text(HEADER + "toy,a0,,,first,a0,pc,15,12,40,32\n"
+                                                  "toy,a0,,,first,a0,mobile,20,14,40,32\n")
+    out = tmp_path / "run"
+    argv = ["rclicks", "--model", "sam_tiny", "--clickability", "dt", "--folder", str(images), str(masks),
+            "--n-clicks", "4", "--groups", "4", "--frame", "fixed:36x44", "--batch-size", "3",
+            "--clicks-csv", str(tmp_path / "clicks.csv"), "--out", str(out), "--progress", "none"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "NoC20@90 Sample" in printed and "| toy | 3 |" in printed
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and all(r["status"] == "ok" for r in records)
+    assert {r["id"]: r["payload"]["n_user_clicks"] for r in records} == {"a0": 2, "a1": 0, "a2": 0}
+    assert (out / "rclicks_noc.csv").read_text().startswith("dataset,instances,noc_sample")
+    assert (out / "groups_toy_a0.png").exists()
+    assert cli.main(argv) == 0  # resume: nothing left to do
+    assert "3 skipped" in capsys.readouterr().out
+    assert cli.main(argv[:4] + ["nonsense"] + argv[5:]) == 2
+    assert "--clickability nonsense" in capsys.readouterr().err
+    assert cli.main(argv[:-4] + ["--n-clicks", "1", "--out", str(tmp_path / "r2")]) == 2
