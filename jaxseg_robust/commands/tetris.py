@@ -1,0 +1,235 @@
+"""`jaxseg-robust tetris`: TETRIS adversarial click trajectories (and the RITM baseline) on benchmark datasets.
+
+Protocols (``--mode``; spec prompt-attacks.md §1, §3, defaults = the TETRIS code, §7.1):
+  minmax    (default) the MIN and the MAX attack on one embedding per image,
+            IoU/BIoU-AuC@10 Min / Max / Δ per dataset;
+  min, max  one attack;
+  baseline  the RITM baseline clicker only (``--n-clicks 20`` for NoC@85/90).
+With an attack, the baseline clicker also runs on the same embedding for
+``--baseline-clicks`` clicks (default 20, 0 = off): the table's baseline
+IoU/BIoU-AuC and RITM's NoC@85/90 and >=20@85/90 come from it.
+
+Records (``RUN_DIR/records.jsonl``, one JSON line per instance): per
+trajectory (``min``, ``max``, ``baseline``) the per-click outputs of
+`jaxseg_robust.attacks.clicks.trajectory_outputs` (clicks (row, col), signs,
+IoU, BIoU, iterate-0 scores, location losses, accepted steps, per-instance
+AuC; ``--record-iterates`` adds the per-iterate log) and ``source`` (the
+image file and evaluated size, for the report's plots). The per-dataset table
+(`jaxseg_robust.reports.tetris`) is printed and written to ``RUN_DIR/summary.md``
+and ``summary.csv``; ``jaxseg-robust report RUN_DIR`` adds plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from jaxseg_robust.commands.prompt_common import (
+    CommandError,
+    LoadedModel,
+    add_common_arguments,
+    add_flag,
+    finish,
+    finite_float,
+    load_instances,
+    load_model,
+    non_negative_int,
+    positive_int,
+    report_error,
+    run_protocol,
+)
+
+COMMAND = "tetris"
+MODES = ("minmax", "min", "max", "baseline")
+DEFAULT_BATCH_SIZE = 4
+DEFAULT_BASELINE_CLICKS = 20  # RITM's NoC@85/90 budget
+
+EPILOG = """\
+examples:
+  jaxseg-robust tetris --model sam_vit_b --datasets GrabCut,Berkeley,DAVIS,COCO_MVal,TETRIS \\
+      --data-root ~/datasets --out runs/tetris_sam_vit_b
+      MIN and MAX attacks (10 clicks, 11 evaluated iterates per click, lr_mult 1) and the
+      baseline clicker (20 clicks): IoU/BIoU-AuC@10 Min/Max/Δ, NoC@85/90
+  jaxseg-robust tetris --model sam_vit_b --datasets GrabCut --mode baseline --n-clicks 20 --out runs/noc
+  jaxseg-robust tetris --model sam_tiny --folder my/images my/masks --n_clicks 3 --n_opt_steps 3 \\
+      --limit 5 --out runs/smoke      (random-weight test model)
+
+Paper variants (spec §7.2): --n_opt_steps 10, --fixed-first-click, --acceptance paper.
+Rerunning the same command resumes: finished instances are skipped, the table
+is printed again. `jaxseg-robust report RUN_DIR` writes the plots.
+exit codes: 0 every instance ok, 1 some instances failed (listed), 2 bad
+arguments / nothing could be run.
+"""
+
+
+def register(subparsers) -> None:
+    """Adds the ``tetris`` sub-command."""
+    from jaxseg_robust.attacks import clicks  # noqa: PLC0415
+
+    parser = subparsers.add_parser(
+        COMMAND, help="TETRIS adversarial clicks (MIN/MAX) and the RITM baseline clicker for SAM-family models",
+        description="TETRIS click robustness: adversarial MIN and MAX click trajectories and the RITM "
+                    "baseline clicker of a SAM-family model on RITM-style datasets or any image/mask folder.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser, default_batch_size=DEFAULT_BATCH_SIZE)
+    group = parser.add_argument_group("TETRIS protocol")
+    group.add_argument("--mode", choices=MODES, default="minmax", help="protocol (default %(default)s)")
+    add_flag(group, "--n-clicks", type=positive_int, default=clicks.DEFAULT_N_CLICKS,
+             help="clicks per trajectory (default %(default)s: AuC@10; use 20 with --mode baseline for NoC)")
+    add_flag(group, "--n-opt-steps", type=positive_int, default=clicks.DEFAULT_N_OPT_STEPS, metavar="S",
+             help="evaluated iterates per click: the baseline click + S-1 Adam updates (default %(default)s)")
+    add_flag(group, "--lr-mult", type=finite_float, default=clicks.DEFAULT_LR_MULT,
+             help="Adam lr = lr_mult * 5 * sqrt(H^2 + W^2) / (400 sqrt 2) (default %(default)s)")
+    group.add_argument("--thresh", "--thr", dest="thresh", type=finite_float, default=clicks.DEFAULT_THRESHOLD,
+                       help="probability threshold of the masks and the clicker (default %(default)s; "
+                            "RITM models use 0.49)")
+    add_flag(group, "--baseline-clicks", type=non_negative_int, default=None, metavar="N",
+             help=f"attack modes: also run the baseline clicker for N clicks on the same embedding "
+                  f"(default {DEFAULT_BASELINE_CLICKS}; 0 = off)")
+    group.add_argument("--tolerance", type=finite_float, default=clicks.DEFAULT_TOLERANCE,
+                       help="accept an iterate only if Lloc <= tolerance x the accepted Lloc (default %(default)s)")
+    add_flag(group, "--dice-weight", type=finite_float, default=clicks.DEFAULT_DICE_WEIGHT,
+             help="weight of the signed Dice term (default %(default)s)")
+    group.add_argument("--radius", type=finite_float, default=None,
+                       help="click disk radius of the location loss, resized-frame pixels (default 5)")
+    group.add_argument("--coverage", choices=("area", "ramp"), default="area",
+                       help="disk renderer: exact area (default) or the spec's anti-aliased ramp")
+    add_flag(group, "--mask-input", choices=("code", "always"), default="code",
+             help="feed the previous low-res mask: 'code' (the reference's reset quirk, default) or 'always'")
+    group.add_argument("--acceptance", choices=("code", "paper"), default="code",
+                       help="iterate acceptance rule: the code's lexicographic (IoU, BIoU) (default) or the paper's")
+    add_flag(group, "--fixed-first-click", action="store_true",
+             help="the paper's reading: click 1 is the baseline click (not optimised)")
+    add_flag(group, "--record-iterates", action="store_true",
+             help="store the per-iterate log (points, losses, IoUs of every step) in the records")
+    parser.set_defaults(func=run)
+
+
+# ---- configuration ---------------------------------------------------------------------------
+
+_FIELD_FLAGS = {"n_clicks": "--n-clicks", "n_opt_steps": "--n_opt_steps", "lr_mult": "--lr_mult", "thr": "--thresh",
+                "radius": "--radius", "tolerance": "--tolerance", "dice_weight": "--dice-weight"}
+
+
+def tetris_configs(args):
+    """(attack config or None, baseline config or None) as `jaxseg_robust.attacks.clicks.TetrisConfig`s.
+
+    Raises:
+      CommandError: a bad value or combination, naming the flag.
+    """
+    from jaxseg_robust.attacks.clicks import TetrisConfig  # noqa: PLC0415
+    from jaxseg_robust.ops.render import DEFAULT_CLICK_RADIUS  # noqa: PLC0415
+
+    if args.mode == "baseline" and args.baseline_clicks is not None:
+        raise CommandError("--baseline-clicks applies to the attack modes; with --mode baseline use --n-clicks")
+    if args.n_clicks < 2:
+        raise CommandError(f"--n-clicks must be >= 2 (the AuC needs two clicks); got {args.n_clicks}")
+    if not 0.0 <= args.thresh < 1.0:
+        raise CommandError(f"--thresh must be in [0, 1); got {args.thresh}")
+    baseline_clicks = DEFAULT_BASELINE_CLICKS if args.baseline_clicks is None else args.baseline_clicks
+    common = {"thr": args.thresh, "mask_input": args.mask_input,
+              "radius": DEFAULT_CLICK_RADIUS if args.radius is None else args.radius}
+    try:
+        if args.mode == "baseline":
+            return None, TetrisConfig(mode="baseline", n_clicks=args.n_clicks, **common)
+        attack = TetrisConfig(mode="min" if args.mode == "minmax" else args.mode, n_clicks=args.n_clicks,
+                              n_opt_steps=args.n_opt_steps, lr_mult=args.lr_mult, tolerance=args.tolerance,
+                              dice_weight=args.dice_weight, coverage=args.coverage, acceptance=args.acceptance,
+                              optimise_first_click=not args.fixed_first_click,
+                              record_trajectory=args.record_iterates, **common)
+        baseline = TetrisConfig(mode="baseline", n_clicks=baseline_clicks, **common) if baseline_clicks else None
+    except ValueError as error:
+        text = str(error)
+        for field, flag in _FIELD_FLAGS.items():
+            text = text.replace(f"{field} ", f"{flag} ").replace(f"{field},", f"{flag},")
+        raise CommandError(text) from None
+    if baseline is not None and baseline_clicks < 2:
+        raise CommandError(f"--baseline-clicks must be 0 or >= 2 (NoC and AuC need clicks); got {baseline_clicks}")
+    return attack, baseline
+
+
+def protocol_config(args, model: LoadedModel, attack, baseline) -> dict:
+    """The run configuration recorded in (and compared on resume with) the manifest."""
+    source = model.source if model.source.startswith("random:") else "converted"
+    config = {"protocol": COMMAND, "mode": args.mode, "model": model.name, "model_source": source,
+              "image_resize": getattr(model.segmenter, "image_resize", None), "compute_dtype": args.compute_dtype,
+              "n_clicks": args.n_clicks, "baseline_clicks": 0 if baseline is None else baseline.n_clicks}
+    if attack is not None:
+        config["attack"] = dataclasses.asdict(attack)
+    if baseline is not None:
+        config["baseline"] = dataclasses.asdict(baseline)
+    return config
+
+
+# ---- the batch function ----------------------------------------------------------------------
+
+def _click_batch_function_class():
+    from jaxseg_robust.attacks.clicks import (  # noqa: PLC0415
+        ATTACK_MODES,
+        ClickBatchFunction,
+        click_trajectory,
+        tetris_min_max,
+        trajectory_outputs,
+    )
+    import functools  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+
+    class TetrisBatchFunction(ClickBatchFunction):
+        """`ClickBatchFunction` that also runs the baseline clicker on the attack's embedding.
+
+        Outputs: ``{trajectory: trajectory_outputs}`` for each of "min", "max"
+        (the attack modes asked for) and "baseline" (when ``baseline`` is set);
+        one embedding per image, one jitted program per bucket.
+        """
+
+        def __init__(self, segmenter, params, mode: str, attack, baseline):
+            self.baseline = baseline
+            super().__init__(segmenter, params, mode, attack if attack is not None else baseline)
+
+        def _run(self, params, model_input, transform, gt, width):
+            self.traces += 1  # runs once per trace
+            features = self.segmenter.embed(params, model_input)
+            outputs = {}
+            if self.mode == "minmax":
+                attack = functools.partial(tetris_min_max, self.segmenter, params, config=self.config)
+                result = jax.vmap(attack)(features, transform, gt, width)  # leaves [B, 2, ...]
+                for index, name in enumerate(ATTACK_MODES):
+                    outputs[name] = trajectory_outputs(jax.tree.map(lambda leaf, i=index: leaf[:, i], result),
+                                                       self.config)
+            elif self.mode in ATTACK_MODES:
+                trajectory = functools.partial(click_trajectory, self.segmenter, params, config=self.config)
+                outputs[self.mode] = trajectory_outputs(jax.vmap(trajectory)(features, transform, gt, width),
+                                                        self.config)
+            if self.baseline is not None:
+                trajectory = functools.partial(click_trajectory, self.segmenter, params, config=self.baseline)
+                outputs["baseline"] = trajectory_outputs(jax.vmap(trajectory)(features, transform, gt, width),
+                                                         self.baseline)
+            return outputs
+
+    return TetrisBatchFunction
+
+
+def make_batch_function(model: LoadedModel, mode: str, attack, baseline):
+    """The engine batch function: ``PaddedBatch -> {trajectory: outputs [B, ...]}`` (see `TetrisBatchFunction`)."""
+    return _click_batch_function_class()(model.segmenter, model.params, mode, attack, baseline)
+
+
+def run(args) -> int:
+    """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
+    from jaxseg_robust.reports.breps import load_run_records  # noqa: PLC0415
+    from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
+    from jaxseg_robust.reports.tetris import tetris_table, to_csv, to_markdown  # noqa: PLC0415
+
+    try:
+        attack, baseline = tetris_configs(args)
+        instances = load_instances(args)
+        model = load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype)
+        batch_fn = make_batch_function(model, args.mode, attack, baseline)
+        config = protocol_config(args, model, attack, baseline)
+        summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
+                               finalize=with_image_source())
+        table = tetris_table(load_run_records(args.out))
+    except (CommandError, ValueError) as error:
+        return report_error(COMMAND, str(error))
+    return finish(COMMAND, args, summary, to_markdown(table), to_csv(table))

@@ -1,0 +1,228 @@
+"""The report of any run directory: dispatch on the manifest's protocol.
+
+`write_run_report(run_dir, out_dir)` reads ``RUN_DIR/manifest.json``
+(``config.protocol``) and writes that protocol's tables and plots into
+``out_dir`` (default ``RUN_DIR/report``):
+
+  tetris   `jaxseg_robust.reports.tetris.write_report` (AuC Min/Max/Δ, baseline
+           NoC@85/90, mIoU-per-click curves, clicks over the image);
+  grid     `jaxseg_robust.reports.grid.write_report` (min/max/baseline table,
+           click heatmaps over the image, box-size and corner heatmaps);
+  breps    `jaxseg_robust.reports.breps` tables (IoU-Tight/Min/Max/Δ@BBox and
+           the other modes) plus, here, the attack's boxes drawn over the image
+           (records that carry a ``source``, `jaxseg_robust.reports.sources`);
+  rclicks  `jaxseg_robust.reports.rclicks.write_tables` (NoC20@90 table; the NoC
+           target is the benchmark's 0.9: the run does not record ``--target-iou``);
+  perturb  `jaxseg_robust.reports.perturb.write_report` when that module is
+           installed (skipped with a note otherwise).
+
+A directory without a manifest whose sub-directories are run directories
+(e.g. ``jaxseg-robust demo``'s output) gets one report per sub-run in
+``out_dir/<sub-run>/`` and an index ``out_dir/report.md`` that includes them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+from collections.abc import Callable
+
+MANIFEST = "manifest.json"
+REPORT_DIR = "report"
+
+
+class ReportError(ValueError):
+    """The directory is not a run directory (or a folder of them), or its protocol is unknown."""
+
+
+def protocol_of(run_dir) -> str:
+    """The ``config.protocol`` of a run directory's manifest.
+
+    Raises:
+      ReportError: no manifest, or no protocol recorded.
+    """
+    from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
+
+    path = pathlib.Path(run_dir)
+    if not (path / MANIFEST).is_file():
+        raise ReportError(f"{path} is not a run directory (no {MANIFEST})")
+    protocol = (read_manifest(path).get("config") or {}).get("protocol")
+    if not protocol:
+        raise ReportError(f"{path / MANIFEST} records no config.protocol")
+    return str(protocol)
+
+
+def sub_runs(directory) -> list[pathlib.Path]:
+    """Immediate sub-directories that are run directories, in creation order (manifest ``created``, then name)."""
+    from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
+
+    path = pathlib.Path(directory)
+    if not path.is_dir():
+        return []
+    runs = [p for p in path.iterdir() if p.is_dir() and (p / MANIFEST).is_file()]
+    return sorted(runs, key=lambda p: (str(read_manifest(p).get("created", "")), p.name))
+
+
+# ---- BREPS: tables from reports.breps, boxes drawn here -------------------------------------------
+
+def _breps_boxes(payload, mode: str) -> dict:
+    boxes = {}
+    if "tight_box" in payload:
+        boxes["tight"] = payload["tight_box"]
+    for attack in ("min", "max"):
+        part = payload.get(attack) if mode == "minmax" else (payload if mode == attack else None)
+        if part and part.get("box_clipped") is not None:
+            iou = part.get("iou")
+            boxes[f"{attack} (IoU {100 * iou:.1f})" if iou is not None else attack] = part["box_clipped"]
+    return boxes
+
+
+def write_breps_report(run_dir, out_dir, *, max_examples: int = 4) -> dict[str, pathlib.Path]:
+    """BREPS tables (`reports.breps`) and, for the attack modes, adversarial boxes over the image."""
+    from jaxseg_robust.reports import breps  # noqa: PLC0415
+    from jaxseg_robust.reports.figures import plot_prompts  # noqa: PLC0415
+    from jaxseg_robust.reports.sources import load_source_image  # noqa: PLC0415
+    from jaxseg_robust.reports.tetris import failed_lines, safe_name  # noqa: PLC0415
+    from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
+
+    mode = read_manifest(run_dir)["config"]["mode"]
+    records = breps.load_run_records(run_dir)
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = breps.breps_table(records, mode)
+    markdown = breps.to_markdown(table)
+    paths = {"breps_md": out / "breps.md", "breps_csv": out / "breps.csv"}
+    paths["breps_md"].write_text(markdown + "\n", encoding="utf-8")
+    paths["breps_csv"].write_text(breps.to_csv(table), encoding="utf-8")
+    parts = ["# BREPS box robustness", "", markdown, ""]
+    if mode in ("min", "max", "minmax"):
+        shown: dict[str, int] = {}
+        unrecorded = 0
+        for record in records:
+            if record.get("status") != "ok" or shown.get(record["dataset"], 0) >= max_examples:
+                continue
+            image = load_source_image(record["payload"])
+            if image is None:
+                unrecorded += 1
+                continue
+            shown[record["dataset"]] = shown.get(record["dataset"], 0) + 1
+            key = f"boxes_{safe_name(record['dataset'])}_{safe_name(record['id'])}"
+            paths[key] = plot_prompts(image, out / f"{key}.png", boxes=_breps_boxes(record["payload"], mode),
+                                      title=f"{record['dataset']}/{record['id']}\ntight and adversarial boxes")
+            parts += [f"![{record['id']}]({paths[key].name})", ""]
+        if unrecorded:
+            parts += [f"{unrecorded} instance(s) without a recorded image source: no box plot.", ""]
+    failed = failed_lines(records)
+    if failed:
+        parts += ["## Failed instances", "", *failed, ""]
+    paths["report"] = out / "report.md"
+    paths["report"].write_text("\n".join(parts), encoding="utf-8")
+    return paths
+
+
+# ---- RClicks and perturb: their own modules --------------------------------------------------------
+
+def write_rclicks_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
+    """RClicks NoC table (`reports.rclicks.write_tables`) over the run's ok records."""
+    from jaxseg_robust.metrics.rclicks_benchmark import benchmark_by_dataset  # noqa: PLC0415
+    from jaxseg_robust.reports import rclicks  # noqa: PLC0415
+    from jaxseg_robust.reports.breps import load_run_records  # noqa: PLC0415
+    from jaxseg_robust.reports.tetris import failed_lines  # noqa: PLC0415
+    from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
+
+    settings = read_manifest(run_dir)["config"].get("settings") or {}
+    records = load_run_records(run_dir)
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    options = {"num_clicks": int(settings["num_rounds"])} if settings.get("num_rounds") else {}
+    benchmarks = benchmark_by_dataset(records, **options)
+    paths = {}
+    parts = ["# RClicks", ""]
+    if benchmarks:
+        markdown_path, csv_path = rclicks.write_tables(benchmarks, out)
+        paths.update(rclicks_md=markdown_path, rclicks_csv=csv_path)
+        parts += [rclicks.to_markdown(benchmarks), ""]
+    else:
+        parts += ["(no instance evaluated)", ""]
+    failed = failed_lines(records)
+    if failed:
+        parts += ["## Failed instances", "", *failed, ""]
+    paths["report"] = out / "report.md"
+    paths["report"].write_text("\n".join(parts), encoding="utf-8")
+    return paths
+
+
+def write_perturb_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
+    """`jaxseg_robust.reports.perturb.write_report`, or a note when that module is not installed."""
+    try:
+        module = importlib.import_module("jaxseg_robust.reports.perturb")
+    except ModuleNotFoundError as error:
+        if error.name != "jaxseg_robust.reports.perturb":
+            raise
+        out = pathlib.Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "report.md"
+        path.write_text("# Perturbation attacks\n\nThe perturb report module is not installed; no report.\n",
+                        encoding="utf-8")
+        return {"report": path}
+    return dict(module.write_report(run_dir, out_dir))
+
+
+def _tetris(run_dir, out_dir):
+    from jaxseg_robust.reports.tetris import write_report  # noqa: PLC0415
+
+    return write_report(run_dir, out_dir)
+
+
+def _grid(run_dir, out_dir):
+    from jaxseg_robust.reports.grid import write_report  # noqa: PLC0415
+
+    return write_report(run_dir, out_dir)
+
+
+REPORTERS: dict[str, Callable] = {"tetris": _tetris, "grid": _grid, "breps": write_breps_report,
+                                  "rclicks": write_rclicks_report, "perturb": write_perturb_report}
+
+
+def write_run_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
+    """Writes the report of a run directory, or of every sub-run of a folder of runs; returns name -> path.
+
+    Args:
+      run_dir: a run directory, or a folder whose sub-directories are run directories.
+      out_dir: output folder (default ``RUN_DIR/report``).
+
+    Raises:
+      ReportError: not a run directory (nor a folder of them), or an unknown protocol.
+    """
+    path = pathlib.Path(run_dir)
+    out = pathlib.Path(out_dir) if out_dir is not None else path / REPORT_DIR
+    if (path / MANIFEST).is_file():
+        protocol = protocol_of(path)
+        if protocol not in REPORTERS:
+            raise ReportError(f"{path}: no report for protocol {protocol!r} (known: {', '.join(REPORTERS)})")
+        return dict(REPORTERS[protocol](path, out))
+    runs = sub_runs(path)
+    if not runs:
+        raise ReportError(f"{path} is neither a run directory (no {MANIFEST}) nor a folder of run directories")
+    paths: dict[str, pathlib.Path] = {}
+    index = [f"# Report of {path.name}", ""]
+    for run in runs:
+        protocol = protocol_of(run)
+        if protocol not in REPORTERS:
+            index += [f"## {run.name}", "", f"(no report for protocol {protocol!r})", ""]
+            continue
+        written = REPORTERS[protocol](run, out / run.name)
+        paths.update({f"{run.name}/{name}": p for name, p in written.items()})
+        body = written["report"].read_text(encoding="utf-8")
+        # the sub-report's images live in its own folder: point the index's links there
+        body = body.replace("](", f"]({run.name}/")
+        body = "\n".join("##" + line if line.startswith("#") else line for line in body.splitlines())
+        index += [f"## {run.name} ({protocol})", "", body, ""]
+    out.mkdir(parents=True, exist_ok=True)
+    paths["report"] = out / "report.md"
+    paths["report"].write_text("\n".join(index), encoding="utf-8")
+    return paths
+
+
+__all__ = ["ReportError", "REPORTERS", "protocol_of", "sub_runs", "write_breps_report", "write_rclicks_report",
+           "write_perturb_report", "write_run_report"]

@@ -1,0 +1,242 @@
+"""End-to-end tests of `jaxseg-robust tetris` (and its report) on a generated folder with the tiny random SAM."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from jaxseg_robust import cli
+from jaxseg_robust.attacks.clicks import trajectory_scores
+from jaxseg_robust.reports.figures import FIGURE_PX
+from jaxseg_robust.reports.tetris import tetris_table, to_csv, to_markdown
+from jaxseg_robust.runner.records import latest_records, read_run_records
+
+from test_cli_breps import GOOD, HEIGHT, WIDTH, make_folder
+
+CLICKS, STEPS, BASELINE_CLICKS = 3, 3, 4
+
+
+def tetris_argv(folder, out, *extra: str) -> list[str]:
+    return ["tetris", "--model", "sam_tiny", "--folder", str(folder / "images"), str(folder / "masks"),
+            "--out", str(out), "--n_clicks", str(CLICKS), "--n_opt_steps", str(STEPS), "--lr_mult", "4",
+            "--baseline-clicks", str(BASELINE_CLICKS), "--progress", "none", *extra]
+
+
+class _Capture:
+    """Captures stdout/stderr in a module-scoped fixture (capsys is function-scoped)."""
+
+    def __enter__(self):
+        self._saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = self._out, self._err = io.StringIO(), io.StringIO()
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout, sys.stderr = self._saved
+        self.out, self.err = self._out.getvalue(), self._err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """One minmax + baseline run over 3 good and 2 bad instances (the only compile of this module)."""
+    root = tmp_path_factory.mktemp("tetris")
+    folder = make_folder(root)
+    out = root / "run"
+    with _Capture() as capture:
+        code = cli.main(tetris_argv(folder, out, "--batch-size", "2"))
+    return folder, out, code, capture.out, capture.err
+
+
+def run_cli(argv, capsys):
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_png(path, size=FIGURE_PX):
+    """A PNG of the stated (width, height) that is not blank (many distinct colours, real contrast)."""
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size == size
+        pixels = np.asarray(image.convert("RGB"))
+    assert pixels.std() > 10
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50
+
+
+def test_help_lists_the_ritm_tetris_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["tetris", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--n-clicks", "--n_clicks", "--n_opt_steps", "--lr_mult", "--thresh", "--mode", "--baseline-clicks",
+                 "--fixed-first-click", "--acceptance", "--datasets", "--batch_size", "exit codes"):
+        assert flag in out
+
+
+def test_records_hold_min_max_and_baseline_trajectories(first_run):
+    folder, out, code, stdout, stderr = first_run
+    assert code == cli.EXIT_PARTIAL, stderr
+    records = latest_records(read_run_records(out))
+    ok = {key[1]: r["payload"] for key, r in records.items() if r["status"] == "ok"}
+    failed = {key[1]: r for key, r in records.items() if r["status"] == "failed"}
+    assert set(ok) == set(GOOD) and set(failed) == {"b_mismatch", "b_unreadable"}
+    for name, payload in ok.items():
+        assert set(payload) == {"min", "max", "baseline", "source"}
+        assert len(payload["min"]["iou"]) == len(payload["max"]["clicks"]) == CLICKS
+        assert len(payload["baseline"]["iou"]) == BASELINE_CLICKS
+        clicks = np.asarray(payload["min"]["clicks"] + payload["max"]["clicks"] + payload["baseline"]["clicks"])
+        assert (clicks >= 0).all() and (clicks[:, 0] <= HEIGHT - 1).all() and (clicks[:, 1] <= WIDTH - 1).all()
+        # click 1 of MIN / MAX starts from the same empty history as the baseline (spec §3.1 guarantee)
+        low, base, high = (payload[t]["selection_iou"][0] for t in ("min", "baseline", "max"))
+        assert low <= base + 1e-6 and base <= high + 1e-6
+        assert payload["source"]["size"] == [HEIGHT, WIDTH]
+        assert payload["source"]["image"].endswith(f"images/{name}.png")
+    manifest = json.loads((out / "manifest.json").read_text())
+    config = manifest["config"]
+    assert config["protocol"] == "tetris" and config["mode"] == "minmax" and config["baseline_clicks"] == 4
+    assert config["attack"]["n_opt_steps"] == STEPS and config["attack"]["lr_mult"] == 4.0
+
+
+def test_summary_table_matches_the_records(first_run):
+    _, out, _, stdout, _ = first_run
+    records = [r for r in latest_records(read_run_records(out)).values() if r["status"] == "ok"]
+    assert "5 instances: 3 ok, 2 failed" in stdout and "failed toy/b_unreadable" in stdout
+    row = next(line for line in stdout.splitlines() if line.startswith("| toy |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:3] == ["toy", "3", "2"]
+    scores = {t: trajectory_scores([r["payload"][t] for r in records], num_clicks=CLICKS) for t in ("min", "max")}
+    base = trajectory_scores([r["payload"]["baseline"] for r in records], num_clicks=BASELINE_CLICKS)
+    assert float(cells[3]) == pytest.approx(100 * scores["min"]["iou_auc"], abs=0.006)
+    assert float(cells[4]) == pytest.approx(100 * scores["max"]["iou_auc"], abs=0.006)
+    assert float(cells[5]) == pytest.approx(100 * (scores["max"]["iou_auc"] - scores["min"]["iou_auc"]), abs=0.011)
+    assert float(cells[11]) == pytest.approx(base["noc@85"], abs=0.006)
+    assert float(cells[13]) == base["nof@85"]
+    header = next(line for line in stdout.splitlines() if line.startswith("| dataset |"))
+    assert f"IoU-AuC@{CLICKS} Min" in header and "NoC@90" in header and f">={BASELINE_CLICKS}@90" in header
+    with open(out / "summary.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows[0]["dataset"] == "toy" and rows[0]["auc_clicks"] == str(CLICKS)
+    assert float(rows[0]["biou_max"]) == pytest.approx(scores["max"]["biou_auc"], rel=1e-6)
+
+
+def test_resume_skips_everything_and_prints_the_same_table(first_run, capsys):
+    folder, out, _, stdout, _ = first_run
+    before = (out / "records.jsonl").read_bytes()
+    code, again, err = run_cli(tetris_argv(folder, out, "--batch-size", "2"), capsys)
+    assert code == cli.EXIT_PARTIAL, err
+    assert (out / "records.jsonl").read_bytes() == before
+    assert "0 ok, 0 failed, 5 skipped (already recorded, 2 of them failed)" in again
+    table = [line for line in stdout.splitlines() if line.startswith("|")]
+    assert table and table == [line for line in again.splitlines() if line.startswith("|")]
+
+
+def test_changed_settings_refuse_to_resume(first_run, capsys):
+    folder, out, _, _, _ = first_run
+    code, _, err = run_cli(tetris_argv(folder, out, "--tolerance", "2"), capsys)
+    assert code == cli.EXIT_FAILURE and "tolerance" in err and "--allow-manifest-mismatch" in err
+
+
+def test_report_writes_every_table_and_plot(first_run, tmp_path, capsys):
+    _, out, _, _, _ = first_run
+    report = tmp_path / "report"
+    code, stdout, err = run_cli(["report", str(out), "--out", str(report)], capsys)
+    assert code == cli.EXIT_OK, err
+    names = {p.name for p in report.iterdir()}
+    assert {"tetris.md", "tetris.csv", "report.md", "curves_toy.png"} <= names
+    assert {f"clicks_toy_{name}.png" for name in GOOD} <= names
+    for png in report.glob("*.png"):
+        assert_png(png)
+    text = (report / "report.md").read_text()
+    assert "IoU-AuC@3 Min" in text and "NoC@85" in text and "![mIoU per click](curves_toy.png)" in text
+    assert "## Failed instances" in text and "toy/b_mismatch" in text
+    assert (report / "tetris.csv").read_text() == (out / "summary.csv").read_text()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--mode", "baseline", "--baseline-clicks", "5"], "--baseline-clicks"),
+    (["--thresh", "1.5"], "--thresh"),
+    (["--n_clicks", "1"], "--n-clicks"),
+    (["--baseline-clicks", "1"], "--baseline-clicks"),
+    (["--radius", "0"], "radius"),
+    (["--model", "no_such_model"], "unknown model"),
+])
+def test_bad_arguments_exit_2_with_a_clear_error(tmp_path, capsys, extra, message):
+    folder = make_folder(tmp_path, bad=False)
+    code, _, err = run_cli(tetris_argv(folder, tmp_path / "run", *extra), capsys)
+    assert code == cli.EXIT_FAILURE
+    assert "jaxseg-robust tetris: error:" in err and message in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n_opt_steps", "0"], "positive integer"),
+    (["--lr_mult", "abc"], "expected a number"),
+    (["--mode", "median"], "invalid choice"),
+])
+def test_argparse_rejects_bad_values(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["tetris", "--model", "sam_tiny", "--datasets", "grabcut", "--out", str(tmp_path), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+# ---- the table (pure) ------------------------------------------------------------------------
+
+def _record(dataset, name, status="ok", **trajectories):
+    payload = {t: {"iou": list(v), "biou": [None if x is None else x / 2 for x in v]} for t, v in trajectories.items()}
+    return {"dataset": dataset, "id": name, "status": status, "error": None if status == "ok" else "E: x",
+            "payload": payload}
+
+
+def test_tetris_table_auc_delta_noc_and_mean_row():
+    records = [_record("a", "1", min=[0.2, 0.4, 0.6], max=[0.6, 0.8, 1.0], baseline=[0.5, 0.86, 0.95, 0.95]),
+               _record("a", "2", min=[0.0, 0.2, 0.4], max=[0.4, 0.6, 0.8], baseline=[0.3, 0.5, 0.7, 0.91]),
+               _record("a", "3", status="failed"),
+               _record("b", "1", min=[0.1, 0.1, 0.1], max=[0.3, 0.3, 0.3], baseline=[0.9, 0.9, 0.9, 0.9])]
+    table = tetris_table(records)
+    assert table.trajectories == ("min", "baseline", "max") and table.auc_clicks == 3 and table.noc_clicks == 4
+    a, b, mean = table.rows
+    assert (a.ok, a.failed, b.ok, mean.ok, mean.failed) == (2, 1, 1, 3, 1)
+    # AuC of the mean curve: min mean curve (0.1, 0.3, 0.5) -> (0.05 + 0.3 + 0.25) / 2
+    assert a.values["iou_min"] == pytest.approx(0.3)
+    assert a.values["iou_max"] == pytest.approx(0.7)
+    assert a.values["iou_delta"] == pytest.approx(0.4)
+    assert a.values["biou_delta"] == pytest.approx(0.2)
+    assert a.values["noc85"] == pytest.approx((2 + 4) / 2) and a.values["noc90"] == pytest.approx((3 + 4) / 2)
+    assert a.values["nof85"] == 1 and a.values["nof90"] == 1  # NoC == max clicks counts as a failure (RITM)
+    assert b.values["noc90"] == 1 and b.values["nof90"] == 0
+    assert mean.values["iou_min"] == pytest.approx((0.3 + 0.1) / 2)
+    markdown = to_markdown(table)
+    assert "| a | 2 | 1 | 30.00 | 70.00 | 40.00 |" in markdown and "| 3.00 | 3.50 | 1.00 | 1.00 |" in markdown
+    lines = to_csv(table).splitlines()
+    assert lines[0].startswith("dataset,ok,failed,auc_clicks,noc_clicks,iou_min,iou_max,iou_delta")
+    assert len(lines) == 4
+
+
+def test_tetris_table_single_mode_nan_and_errors():
+    table = tetris_table([_record("d", "1", min=[0.5, None]), _record("d", "2", min=[0.5, 0.7])])
+    assert table.columns == ("iou_min", "biou_min")
+    assert math.isnan(table.rows[0].values["iou_min"])  # NaN propagates as the reference's np.mean
+    with pytest.raises(ValueError, match="trajectory"):
+        tetris_table([{"dataset": "d", "id": "1", "status": "ok", "payload": {"x": 1}}])
+    with pytest.raises(ValueError, match="2 clicks"):
+        tetris_table([_record("d", "1", baseline=[0.5])])
+    only_failed = tetris_table([_record("d", "1", status="failed")])
+    assert only_failed.rows[0].ok == 0 and only_failed.columns == ()
+
+
+@pytest.mark.slow
+def test_baseline_mode_records_only_the_baseline(tmp_path, capsys):
+    folder = make_folder(tmp_path, bad=False)
+    out = tmp_path / "run"
+    argv = ["tetris", "--model", "sam_tiny", "--folder", str(folder / "images"), str(folder / "masks"), "--out",
+            str(out), "--mode", "baseline", "--n-clicks", "5", "--progress", "none"]
+    code, stdout, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_OK, err
+    payloads = [r["payload"] for r in latest_records(read_run_records(out)).values()]
+    assert all(set(p) == {"baseline", "source"} and len(p["baseline"]["iou"]) == 5 for p in payloads)
+    assert "IoU-AuC@5 Base" in stdout and "Min" not in stdout.split("| dataset |")[1].splitlines()[0]
