@@ -321,8 +321,10 @@ def run(args) -> int:
             instances = [instance for instance in instances if instance.key in user_boxes]
         batch_fn, finalize = make_batch_function(args, model, user_boxes)
         config = protocol_config(args, model, user_fingerprint)
+        from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
+
         summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
-                               finalize=finalize)
+                               finalize=with_image_source(finalize))  # records where the image lives, for plots
         table = breps_table(load_run_records(args.out), args.mode)
     except (CommandError, ValueError) as error:  # ValueError: bad data files, records of another protocol
         return report_error(COMMAND, str(error))

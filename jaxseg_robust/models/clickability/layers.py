@@ -23,6 +23,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxseg_robust.models.depthwise import DepthwiseConv
+
 Padding = tuple[tuple[int, int], tuple[int, int]]
 
 
@@ -59,7 +61,7 @@ def conv2d(features: int, in_features: int, kernel: tuple[int, int], *, name: st
         ``ConvModule``: kaiming normal, mode fan_out, ReLU gain, zero bias).
 
     Returns:
-      The ``nn.Conv``; its kernel has shape [kh, kw, in_features/groups, features].
+      The ``nn.Conv`` (a `DepthwiseConv` with the same params when depth-wise); its kernel has shape [kh, kw, in_features/groups, features].
     """
     fan_in = (in_features // groups) * kernel[0] * kernel[1]
     if init == "torch":
@@ -70,6 +72,11 @@ def conv2d(features: int, in_features: int, kernel: tuple[int, int], *, name: st
     else:
         raise ValueError(f"init must be 'torch' or 'conv_module'; got {init!r}")
     pads: Padding = ((padding[0], padding[0]), (padding[1], padding[1]))
+    if groups > 1 and groups == in_features == features:
+        # depth-wise: shifted sums (same params), much faster than XLA's grouped conv on CPU
+        return DepthwiseConv(features, tuple(kernel), strides=(stride, stride), padding=pads,
+                             use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
+                             name=name)
     return nn.Conv(features, kernel, strides=(stride, stride), padding=pads,
                    feature_group_count=groups, use_bias=use_bias, kernel_init=kernel_init,
                    bias_init=bias_init, name=name)

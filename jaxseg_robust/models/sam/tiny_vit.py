@@ -61,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from jaxseg_robust.models.depthwise import DepthwiseConv
 from jaxseg_robust.models.sam.config import register_image_encoder
 
 # torch nn.GELU() default is the exact (erf) form.
@@ -265,10 +266,17 @@ class ConvBN(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         pad = self.kernel_size // 2
-        x = nn.Conv(self.features, (self.kernel_size, self.kernel_size),
-                    strides=(self.stride, self.stride), padding=((pad, pad), (pad, pad)),
-                    feature_group_count=self.groups, use_bias=False, dtype=self.dtype,
-                    name="conv")(x.astype(self.dtype))
+        if self.groups > 1 and self.groups == self.features == x.shape[-1]:
+            # depth-wise: shifted sums, much faster than XLA's grouped conv on CPU
+            conv = DepthwiseConv(self.features, (self.kernel_size, self.kernel_size),
+                                 strides=(self.stride, self.stride), padding=((pad, pad), (pad, pad)),
+                                 use_bias=False, dtype=self.dtype, name="conv")
+        else:
+            conv = nn.Conv(self.features, (self.kernel_size, self.kernel_size),
+                           strides=(self.stride, self.stride), padding=((pad, pad), (pad, pad)),
+                           feature_group_count=self.groups, use_bias=False, dtype=self.dtype,
+                           name="conv")
+        x = conv(x.astype(self.dtype))
         return FrozenBatchNorm(self.features, name="bn")(x)
 
 
