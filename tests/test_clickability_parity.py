@@ -353,11 +353,19 @@ def test_train_mode_parity_forward_loss_gradients_and_statistics(reference):
     # ignores constant shifts), have an analytic gradient of 0: both sides hold rounding
     # noise there, so only its size is checked.
     analytic_zero = re.compile(r"patch_embed\d'\]\['proj(_[03])?'\]\['bias|conv_seg'\]\['bias")
+    # Tolerance: max|err| <= 1e-3 x the tensor's own max|grad|, or, for tensors whose
+    # gradient is a near-cancelling sum (ham_in's bias: 2.4e-3 against 0.35 for the
+    # largest tensor; it sums ReLU-masked terms of both signs over every pixel and
+    # passes through 6 multiplicative NMF updates), <= 1e-4 x the largest gradient of
+    # the model: float32 summation order alone moves it by ~4e-6 absolute.
+    largest = max(r[2] for r in rows)
     for rel, err, scale, name in rows:
         if analytic_zero.search(name):
             assert scale < 1e-6 and err < 1e-6, name
         else:
-            assert rel <= 1e-3, f"gradient of {name}: max|err| / max|grad| = {rel:.3e}"
+            assert rel <= 1e-3 or err <= 1e-4 * largest, (
+                f"gradient of {name}: max|err| {err:.3e}, max|grad| {scale:.3e} (rel {rel:.3e}), "
+                f"largest max|grad| {largest:.3e}")
     worst = max(r for r in rows if not analytic_zero.search(r[3]))
     print("worst gradient (max|err| / max|grad| per tensor): %.3e (%s)" % (worst[0], worst[3]))
     stats_err = max(max_err(a, b)[0] for a, b in zip(jax.tree.leaves(stats_j),
