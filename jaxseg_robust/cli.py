@@ -18,7 +18,7 @@ EXIT_PARTIAL = 1
 EXIT_FAILURE = 2
 
 # Sub-command modules under jaxseg_robust.commands, in the order --help lists them.
-COMMAND_MODULES = ("score", "breps", "tetris", "grid", "rclicks", "perturb", "report")
+COMMAND_MODULES = ("score", "breps", "tetris", "grid", "rclicks", "perturb", "report", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

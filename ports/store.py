@@ -6,6 +6,10 @@ Layout of a model directory::
                        "source": {"path", "sha256", "bytes"} | null,
                        "jaxseg_robust_version"}
     DIR/params/       orbax-checkpoint (StandardCheckpointer) of the param pytree
+    DIR/params.npz    or, instead of params/: one NumPy ``.npz`` archive with one
+                      array per parameter, keyed by its "/"-joined path
+                      (`save_npz`; small models shipped as package data: one
+                      plain file, readable without orbax)
 
 Nothing here needs torch. `load` returns numpy arrays; the caller checks them
 against the model it builds from the config (see `check_tree`).
@@ -26,6 +30,7 @@ from flax import traverse_util
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
+PARAMS_NPZ = "params.npz"
 
 
 class StoreError(ValueError):
@@ -97,6 +102,53 @@ def save(out_dir: str | os.PathLike, params: Mapping, *, family: str, variant: s
     return os.fspath(out)
 
 
+def _write_meta(out: pathlib.Path, family: str, variant: str, config: Mapping[str, Any],
+                source: dict | None) -> None:
+    from jaxseg_robust import __version__  # noqa: PLC0415
+
+    meta = {"format_version": FORMAT_VERSION, "family": family, "variant": variant,
+            "config": dict(config), "source": source, "jaxseg_robust_version": __version__}
+    tmp = out / (CONFIG_FILE + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    tmp.replace(out / CONFIG_FILE)
+
+
+def save_npz(out_dir: str | os.PathLike, params: Mapping, *, family: str, variant: str,
+             config: Mapping[str, Any], overwrite: bool = False) -> str:
+    """Writes ``params`` as DIR/params.npz (float32, one array per "/"-joined path) and config.json.
+
+    The single-file alternative to `save` for small models shipped as package
+    data (no orbax directory tree, no orbax import to read it back).
+
+    Returns:
+      The absolute output directory.
+
+    Raises:
+      StoreError: ``out_dir`` already holds a model and ``overwrite`` is False,
+        or it is a file.
+    """
+    out = pathlib.Path(out_dir).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise StoreError(f"--out {out} exists and is not a directory")
+    npz, config_file = out / PARAMS_NPZ, out / CONFIG_FILE
+    if npz.exists() or config_file.exists() or (out / PARAMS_DIR).exists():
+        if not overwrite:
+            raise StoreError(f"{out} already holds a converted model (pass overwrite / --overwrite "
+                             f"to replace it)")
+        shutil.rmtree(out / PARAMS_DIR, ignore_errors=True)
+        npz.unlink(missing_ok=True)
+        config_file.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    tree = {k: np.asarray(v, np.float32) for k, v in
+            traverse_util.flatten_dict(dict(params), sep="/").items()}
+    tmp = out / (PARAMS_NPZ + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez_compressed(f, **tree)
+    tmp.replace(npz)
+    _write_meta(out, family, variant, config, None)
+    return os.fspath(out)
+
+
 def read_meta(model_dir: str | os.PathLike) -> dict:
     """Reads and validates DIR/config.json.
 
@@ -133,8 +185,18 @@ def load(model_dir: str | os.PathLike) -> tuple[dict, dict]:
 
     Raises:
       StoreError: see `read_meta`; or the params are missing or unreadable.
+      DIR/params.npz, when present, is read instead of DIR/params/.
     """
     meta = read_meta(model_dir)
+    npz = pathlib.Path(model_dir).expanduser().resolve() / PARAMS_NPZ
+    if npz.is_file():
+        try:
+            with np.load(npz, allow_pickle=False) as data:
+                flat = {k: np.asarray(data[k]) for k in data.files}
+        except Exception as err:  # zipfile / numpy raise many types for damaged archives
+            raise StoreError(f"{npz}: cannot read the parameter archive: "
+                             f"{type(err).__name__}: {err}") from None
+        return traverse_util.unflatten_dict(flat, sep="/"), meta
     params_dir = pathlib.Path(model_dir).expanduser().resolve() / PARAMS_DIR
     if not params_dir.is_dir():
         raise StoreError(f"{model_dir}: the parameter checkpoint '{PARAMS_DIR}/' is missing")

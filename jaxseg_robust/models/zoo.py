@@ -10,6 +10,11 @@
 
 Converted models live in ``$JAXSEG_ROBUST_MODELS/<name>`` (default
 ``~/.cache/jaxseg_robust/models/<name>``) and are made by ``python -m ports``.
+Models shipped with the package (the demonstration model `DEFAULT_MODEL`,
+``sam_demo``) live in ``jaxseg_robust/models/weights/<name>`` (package data);
+a converted directory of the same name in the models folder takes precedence.
+
+    model = zoo.load(zoo.DEFAULT_MODEL)    # the embedded demo model, no download
 
 Extending: a family registers a `FamilySpec` (how to rebuild a config from
 JSON, build the segmenter, wrap it as a predictor) with `register_family`,
@@ -30,6 +35,10 @@ import jax
 
 ENV_MODELS_DIR = "JAXSEG_ROBUST_MODELS"
 DEFAULT_MODELS_DIR = "~/.cache/jaxseg_robust/models"
+# The embedded demonstration model (jaxseg_robust.models.sam.demo): small, CPU-fast,
+# trained on synthetic shapes only. Real evaluations use ported official checkpoints.
+DEFAULT_MODEL = "sam_demo"
+PACKAGE_WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent / "weights"
 BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry", "jaxseg_robust.clicksim.click_models")
 
 
@@ -155,6 +164,9 @@ def init(name: str, key: jax.Array, *, compute_dtype: str | None = None):
 def resolve(name_or_dir: str | os.PathLike) -> pathlib.Path:
     """The converted-model directory of a name or a path.
 
+    A name is looked up in `models_dir`, then in the package's own weights
+    (`PACKAGE_WEIGHTS_DIR`, e.g. `DEFAULT_MODEL`).
+
     Raises:
       ValueError: neither an existing directory nor a known name.
       FileNotFoundError: a known name whose weights were not converted yet
@@ -166,6 +178,9 @@ def resolve(name_or_dir: str | os.PathLike) -> pathlib.Path:
     name = os.fspath(name_or_dir)
     spec = get(name)  # raises for unknown names
     target = models_dir() / name
+    packaged = PACKAGE_WEIGHTS_DIR / name
+    if not target.is_dir() and packaged.is_dir():
+        return packaged
     if not target.is_dir():
         command = (spec.port_command or family(spec.family).port_command).format(
             family=spec.family, checkpoint=spec.checkpoint_hint, out=target)

@@ -9,6 +9,9 @@ Families and names:
   * "sam_hq" (`SamHQSegmenter` + `SamHQPredictor`): ``sam_hq_vit_b``,
     ``sam_hq_vit_l``, ``sam_hq_vit_h``, ``sam_hq_vit_tiny`` (SAM-HQ's
     TinyViT variant, ``build_sam_vit_t`` of ``segment_anything_hq``);
+  * ``sam_demo`` (`zoo.DEFAULT_MODEL`): the embedded demonstration model
+    (`jaxseg_robust.models.sam.demo`), trained on synthetic shapes by
+    ``experiments/train_default_model.py``; weights ship as package data;
   * tiny random-weight models for fast tests (no official weights; use
     ``zoo.init(name, key)``): ``sam_tiny``, ``mobile_sam_tiny``, ``sam_hq_tiny``.
 Other SAM-family helpers add their names with
@@ -21,6 +24,7 @@ import dataclasses
 
 from jaxseg_robust.models import zoo
 from jaxseg_robust.models.sam.config import MaskDecoderConfig, SamConfig, SamHQConfig
+from jaxseg_robust.models.sam.demo import DEMO_CONFIG, DEMO_MODEL_NAME
 from jaxseg_robust.models.sam.hq_segmenter import SamHQSegmenter
 from jaxseg_robust.models.sam.image_encoder import VIT_B, VIT_H, VIT_L, ViTConfig
 from jaxseg_robust.models.sam.predictor import SamHQPredictor, SamPredictor
@@ -126,3 +130,8 @@ for _variant, _config in SAM_HQ_CONFIGS.items():
 zoo.register_model("sam_hq_tiny", "sam_hq", SAM_HQ_TINY_CONFIG,
                    checkpoint_hint="<none: random-weight test model, use zoo.init>",
                    description="tiny random-weight SAM-HQ (ViT) for tests (128 px input)")
+zoo.register_model(DEMO_MODEL_NAME, "sam", DEMO_CONFIG,
+                   checkpoint_hint="<shipped as package data: jaxseg_robust/models/weights/sam_demo; "
+                                   "retrain with experiments/train_default_model.py>",
+                   description="demonstration SAM (ViT 96x4, 256 px input) trained on synthetic shapes; "
+                               "not for real evaluations")
