@@ -50,6 +50,7 @@ def test_baselines_in_a_padded_frame_equal_the_unpadded_maps():
         CM.DistanceTransformClickModel().prepare(np.zeros((20, 30, 3), np.uint8), region, (10, 30))
 
 
+@pytest.mark.slow  # ~70 s on 2 CPU cores (compiles the letterboxed network path twice)
 def test_network_model_equals_the_benchmark_wrapper():
     model = CM.NetworkClickModel(TINY)
     variables = model.init(0)

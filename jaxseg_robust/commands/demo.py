@@ -1,0 +1,205 @@
+"""`jaxseg-robust demo`: every prompt-robustness protocol on a few synthetic instances, one report.
+
+Writes ``OUT/synthetic/{images,masks}`` (`jaxseg_robust.data.synthetic`,
+fixed seed) and runs, with the default model (`zoo.DEFAULT_MODEL`, the
+embedded demonstration model), one sub-run per protocol:
+
+  OUT/tetris      the baseline clicker and the TETRIS MIN / MAX attacks
+  OUT/breps       the BREPS MIN / MAX box attacks (boxes drawn in the report)
+  OUT/click_grid  a strided first-click grid (IoU heatmaps over click positions)
+  OUT/box_grid    a strided centred box grid (IoU heatmaps over box sizes)
+  OUT/report      ``report.md`` with every table and plot (`jaxseg-robust report OUT`)
+
+Sizes (``--size``): ``small`` (default; 4 instances, 5 clicks x 5 iterates,
+20 box steps, strides 8; a few minutes on 2 CPU cores), ``full`` (8
+instances, the papers' 10 clicks x 11 iterates and 50 box steps, strides 4)
+and ``tiny`` (2 instances, a smoke test). Rerunning resumes every sub-run.
+
+If the demonstration model's weights are not installed, the command stops
+and says so; ``--untrained-model`` runs the same pipeline with the random
+``sam_tiny`` test model instead (the report is then marked UNTRAINED: its
+numbers say nothing about any real model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import sys
+
+from jaxseg_robust.cli import EXIT_FAILURE, EXIT_OK
+from jaxseg_robust.commands.prompt_common import CommandError, report_error
+
+COMMAND = "demo"
+UNTRAINED_MODEL = "sam_tiny"
+DATA_DIR = "synthetic"
+DEMO_SEED = 20250
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoSize:
+    """Work of one ``--size``: instances and the per-protocol settings."""
+
+    instances: int
+    n_clicks: int
+    n_opt_steps: int
+    baseline_clicks: int
+    box_steps: int
+    click_stride: int
+    box_stride: int
+
+
+SIZES = {
+    "tiny": DemoSize(instances=2, n_clicks=2, n_opt_steps=2, baseline_clicks=3, box_steps=2, click_stride=16,
+                     box_stride=16),
+    "small": DemoSize(instances=4, n_clicks=5, n_opt_steps=5, baseline_clicks=10, box_steps=20, click_stride=8,
+                      box_stride=8),
+    "full": DemoSize(instances=8, n_clicks=10, n_opt_steps=11, baseline_clicks=20, box_steps=50, click_stride=4,
+                     box_stride=4),
+}
+
+EPILOG = """\
+examples:
+  jaxseg-robust demo                        runs/demo with the embedded demonstration model
+  jaxseg-robust demo --out /tmp/demo --size full
+  jaxseg-robust demo --untrained-model      no trained weights installed: random sam_tiny (numbers meaningless)
+exit codes: 0 every sub-run ok, 1 some instances failed, 2 bad arguments / a sub-run could not run.
+"""
+
+
+def register(subparsers) -> None:
+    """Adds the ``demo`` sub-command."""
+    parser = subparsers.add_parser(
+        COMMAND, help="run baseline, TETRIS, BREPS and click/box grids on synthetic shapes and write a report",
+        description="A self-contained demonstration: synthetic instances, the default model, every "
+                    "prompt-robustness protocol, one run directory and a Markdown report with tables and plots.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/demo", metavar="DIR", help="output folder (default %(default)s)")
+    parser.add_argument("--size", choices=tuple(SIZES), default="small", help="amount of work (default %(default)s)")
+    parser.add_argument("--untrained-model", action="store_true",
+                        help=f"use the random-weight test model {UNTRAINED_MODEL} instead of the demonstration "
+                             "model (when its weights are not installed; the numbers are meaningless)")
+    parser.add_argument("--progress", choices=("auto", "tqdm", "plain", "none"), default="auto",
+                        help="progress display of the sub-runs (default %(default)s)")
+    parser.set_defaults(func=run)
+
+
+def demo_model(untrained: bool) -> str:
+    """The model name of the demo.
+
+    Raises:
+      CommandError: the demonstration model's weights are not installed and ``untrained`` is False.
+    """
+    from jaxseg_robust.models import zoo  # noqa: PLC0415
+
+    if untrained:
+        return UNTRAINED_MODEL
+    try:
+        zoo.resolve(zoo.DEFAULT_MODEL)
+    except (FileNotFoundError, ValueError) as error:
+        raise CommandError(f"the demonstration model {zoo.DEFAULT_MODEL!r} is not installed ({error}); pass "
+                           f"--untrained-model to run the demo with the random-weight test model "
+                           f"{UNTRAINED_MODEL} (its numbers are meaningless)") from None
+    return zoo.DEFAULT_MODEL
+
+
+def write_data(out: pathlib.Path, size: DemoSize) -> pathlib.Path:
+    """Writes (once) the synthetic image/mask folder; returns it (reused as is on a rerun, so runs resume)."""
+    from jaxseg_robust.data.synthetic.dataset import MANIFEST_NAME, write_synthetic_folder  # noqa: PLC0415
+
+    folder = out / DATA_DIR
+    if not (folder / MANIFEST_NAME).is_file():
+        write_synthetic_folder(folder, size.instances, seed=DEMO_SEED)
+    return folder
+
+
+def sub_run_argv(protocol: str, model: str, data: pathlib.Path, out: pathlib.Path, size: DemoSize,
+                 progress: str) -> list[str]:
+    """The ``jaxseg-robust`` argv of one sub-run."""
+    common = ["--model", model, "--folder", str(data / "images"), str(data / "masks"), "--out", str(out),
+              "--progress", progress]
+    if protocol == "tetris":
+        return ["tetris", *common, "--n-clicks", str(size.n_clicks), "--n_opt_steps", str(size.n_opt_steps),
+                "--baseline-clicks", str(size.baseline_clicks)]
+    if protocol == "breps":
+        return ["breps", *common, "--n_opt_steps", str(size.box_steps)]
+    if protocol == "click_grid":
+        return ["grid", "--kind", "click", *common, "--stride", str(size.click_stride)]
+    if protocol == "box_grid":
+        return ["grid", "--kind", "box", *common, "--stride", str(size.box_stride)]
+    raise ValueError(f"protocol must be tetris, breps, click_grid or box_grid; got {protocol!r}")
+
+
+PROTOCOLS = ("tetris", "breps", "click_grid", "box_grid")
+
+
+def run_breps_with_sources(args) -> int:
+    """`jaxseg-robust breps` (minmax) recording each instance's image source, so the report can draw the boxes."""
+    from jaxseg_robust.commands import breps  # noqa: PLC0415
+    from jaxseg_robust.commands.prompt_common import (  # noqa: PLC0415
+        finish,
+        load_instances,
+        load_model,
+        run_protocol,
+    )
+    from jaxseg_robust.reports.breps import breps_table, load_run_records, to_csv, to_markdown  # noqa: PLC0415
+    from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
+
+    try:
+        breps.check_protocol_arguments(args)
+        instances = load_instances(args)
+        model = load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype)
+        batch_fn, finalize = breps.make_batch_function(args, model)
+        summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=breps.protocol_config(args, model),
+                               model=model, finalize=with_image_source(finalize))
+        table = breps_table(load_run_records(args.out), args.mode)
+    except (CommandError, ValueError) as error:
+        return report_error("breps", str(error))
+    return finish("breps", args, summary, to_markdown(table), to_csv(table))
+
+
+def _banner(text: str) -> None:
+    print(f"\n==== {text} ====", flush=True)
+
+
+def run(args) -> int:
+    """Runs the demo; returns the worst exit code of its sub-runs (2 if the report cannot be written)."""
+    from jaxseg_robust.cli import build_parser  # noqa: PLC0415
+    from jaxseg_robust.reports.run_report import write_run_report  # noqa: PLC0415
+
+    try:
+        model = demo_model(args.untrained_model)
+    except CommandError as error:
+        return report_error(COMMAND, str(error))
+    size = SIZES[args.size]
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        data = write_data(out, size)
+    except (ValueError, OSError) as error:
+        return report_error(COMMAND, f"cannot write the synthetic data into {out / DATA_DIR}: {error}")
+    parser = build_parser()
+    codes = {}
+    for protocol in PROTOCOLS:
+        _banner(f"{protocol} ({model}{', UNTRAINED' if args.untrained_model else ''})")
+        sub_args = parser.parse_args(sub_run_argv(protocol, model, data, out / protocol, size, args.progress))
+        codes[protocol] = run_breps_with_sources(sub_args) if protocol == "breps" else int(sub_args.func(sub_args))
+    _banner("report")
+    try:
+        paths = write_run_report(out, out / "report")
+    except (ValueError, KeyError, OSError) as error:
+        return report_error(COMMAND, f"report: {error}")
+    report = paths["report"]
+    header = [f"Model: `{model}`" + (" — **UNTRAINED random weights: the numbers say nothing about any model**"
+                                     if args.untrained_model else " (the embedded demonstration model)"),
+              f"Data: {size.instances} synthetic instances in `{data}` (seed {DEMO_SEED}); size `{args.size}`.",
+              "Exit codes of the sub-runs: " + ", ".join(f"{p} {c}" for p, c in codes.items()), ""]
+    text = report.read_text(encoding="utf-8").split("\n", 2)
+    report.write_text("\n".join([text[0], "", *header, *text[2:]]), encoding="utf-8")
+    print(f"wrote {report} ({len(paths) - 1} tables and plots beside it)")
+    worst = max(codes.values())
+    if worst == EXIT_FAILURE:
+        print(f"jaxseg-robust {COMMAND}: some sub-runs failed: "
+              + ", ".join(p for p, c in codes.items() if c == EXIT_FAILURE), file=sys.stderr)
+    return worst if worst else EXIT_OK
