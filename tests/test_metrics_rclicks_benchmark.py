@@ -61,7 +61,11 @@ def test_auc_identities(group_ious, base_ious):
     assert row.delta_hh == pytest.approx(auc_g[:, :5].mean() - auc_g[:, 5:].mean(), abs=1e-12)
     assert row.delta_sb == pytest.approx(row.sample_mean - row.base, abs=1e-12)
     noc = B.noc_summary(B.noc_per_instance(group_ious), B.noc_per_instance(base_ious))
-    assert 1 <= noc.sample_mean <= 20 and noc.sample_std >= 0
+    nocs = B.noc_per_instance(group_ious)  # [instances, groups]
+    # equal-sized groups: the mean of per-instance sample means is the grand mean
+    assert noc.sample_mean == pytest.approx(float(np.mean(nocs)), abs=1e-12)
+    assert noc.sample_std == pytest.approx(float(np.std(nocs, axis=1).mean()), abs=1e-12)
+    assert 1 <= noc.sample_mean <= 20
 
 
 def test_nsr_and_user_round():

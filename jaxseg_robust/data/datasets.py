@@ -695,7 +695,7 @@ def _find_layout(kind: DatasetKind, folder: pathlib.Path, images_dir, masks_dir)
     return found[0]
 
 
-def _size_or_placeholder(image_path: pathlib.Path) -> tuple[int, int]:
+def _declared_size(image_path: pathlib.Path) -> tuple[int, int]:
     """The header size of an image, or `UNREADABLE_DECLARED_SIZE` when the header cannot be read."""
     try:
         return read_image_size(image_path)
@@ -715,7 +715,7 @@ def _handle_problems(dataset: str, folder: pathlib.Path, problems: list[tuple[_P
     failing, warned = [], []
     for pair, message in problems:
         if on_bad_pair == "fail" and pair.image is not None:
-            height, width = sizes.get(pair.stem) or _size_or_placeholder(pair.image)
+            height, width = sizes.get(pair.stem) or _declared_size(pair.image)
             name = instance_name(dataset, pair.stem)
             sources = tuple(str(p) for p in (pair.image, pair.mask) if p is not None)
             failing.append(InstanceRef(id=pair.stem, height=height, width=width, dataset=dataset,
