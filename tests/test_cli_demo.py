@@ -33,7 +33,10 @@ def test_sub_run_argv_parses_and_uses_the_size(tmp_path):
         args = parser.parse_args(demo.sub_run_argv(protocol, "sam_tiny", data, out, size, "none"))
         assert args.out == str(out) and args.folder == [[str(data / "images"), str(data / "masks")]]
     tetris = parser.parse_args(demo.sub_run_argv("tetris", "sam_tiny", data, out, size, "none"))
-    assert (tetris.n_clicks, tetris.n_opt_steps, tetris.baseline_clicks) == (5, 5, 10)
+    assert (tetris.n_clicks, tetris.n_opt_steps, tetris.baseline_clicks) == (5, 11, 10)
+    assert tetris.lr_mult == demo.DEMO_TETRIS_LR_MULT
+    breps = parser.parse_args(demo.sub_run_argv("breps", "sam_tiny", data, out, size, "none"))
+    assert (breps.n_opt_steps, breps.lr_mult) == (size.box_steps, demo.DEMO_BREPS_LR_MULT)
     box = parser.parse_args(demo.sub_run_argv("box_grid", "sam_tiny", data, out, size, "none"))
     assert box.kind == "box" and box.stride == size.box_stride
     with pytest.raises(ValueError, match="protocol"):
@@ -65,3 +68,58 @@ def test_tiny_demo_writes_every_sub_run_and_one_report(tmp_path, capsys):
                                 "--progress", "none"], capsys)
     assert code == cli.EXIT_OK, err
     assert again.count("0 ok, 0 failed, 2 skipped") == 4
+
+
+def test_frame_matched_lr_mult_restores_the_papers_step_fraction():
+    # the papers' setting maps to itself; a 4x smaller frame or a 10x smaller image rescale the multiplier
+    assert demo.frame_matched_lr_mult(9.0, (480, 640), 1024) == pytest.approx(9.0)
+    assert demo.frame_matched_lr_mult(1.0, (480, 640), 256) == pytest.approx(0.25)
+    assert demo.frame_matched_lr_mult(1.0, (48, 64), 1024) == pytest.approx(10.0)
+    # TETRIS: lr_mult 5 sqrt(H^2 + W^2) / (400 sqrt 2) resized-frame px, as a fraction of the frame
+    paper = 1.0 * 5 * 800 / (400 * 2 ** 0.5) / 1024
+    ours = demo.DEMO_TETRIS_LR_MULT * 5 * 80 / (400 * 2 ** 0.5) / 256
+    assert ours == pytest.approx(paper, rel=0.01)
+
+
+def _ok_payloads(run_dir: pathlib.Path) -> dict:
+    import json  # noqa: PLC0415
+
+    payloads = {}
+    for line in (run_dir / "records.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["status"] == "ok":
+            payloads[record["id"]] = record["payload"]
+    return payloads
+
+
+def test_tiny_demo_with_the_default_model_moves_every_attack(tmp_path, capsys):
+    """The README's main job at CI size: the shipped model, every sub-run, a report, attacks that bite."""
+    out = tmp_path / "demo"
+    code, _, err = run_cli(["demo", "--out", str(out), "--size", "tiny", "--progress", "none"], capsys)
+    assert code == cli.EXIT_OK, err
+    size = demo.SIZES["tiny"]
+    text = (out / "report" / "report.md").read_text()
+    assert f"`{zoo.DEFAULT_MODEL}`" in text and "UNTRAINED" not in text
+    for table in ("IoU-AuC@2 Min", "IoU-Tight@BBox", "Click grid", "Box grid", "NoC@85"):
+        assert table in text
+    images = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
+    assert len(images) >= 1 + 3 * size.instances + size.instances  # curves, clicks, boxes, two heatmaps each
+    for relative in images:
+        assert_png(out / "report" / pathlib.Path(relative))
+    # BREPS: MIN <= tight <= MAX per instance (the acceptance rule), and the attack moves the box somewhere
+    breps = _ok_payloads(out / "breps")
+    assert len(breps) == size.instances
+    spread = 0.0
+    for payload in breps.values():
+        assert payload["min"]["selection_iou"] <= payload["tight_selection_iou"] <= payload["max"]["selection_iou"]
+        spread = max(spread, payload["max"]["selection_iou"] - payload["min"]["selection_iou"])
+    assert spread > 0.01
+    # TETRIS: click 1 brackets the baseline's click 1; some click moved off the baseline
+    tetris = _ok_payloads(out / "tetris")
+    assert len(tetris) == size.instances
+    moved = 0
+    for payload in tetris.values():
+        assert payload["min"]["selection_iou"][0] <= payload["baseline"]["selection_iou"][0] \
+            <= payload["max"]["selection_iou"][0]
+        moved += sum(step > 0 for mode in ("min", "max") for step in payload[mode]["best_step"])
+    assert moved > 0

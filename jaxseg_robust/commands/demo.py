@@ -10,10 +10,23 @@ embedded demonstration model), one sub-run per protocol:
   OUT/box_grid    a strided centred box grid (IoU heatmaps over box sizes)
   OUT/report      ``report.md`` with every table and plot (`jaxseg-robust report OUT`)
 
-Sizes (``--size``): ``small`` (default; 4 instances, 5 clicks x 5 iterates,
-20 box steps, strides 8; a few minutes on 2 CPU cores), ``full`` (8
-instances, the papers' 10 clicks x 11 iterates and 50 box steps, strides 4)
-and ``tiny`` (2 instances, a smoke test). Rerunning resumes every sub-run.
+Sizes (``--size``): ``full`` (default; 14 instances, two of each synthetic
+family, with the papers' settings: 10 clicks x 11 iterates, 50 box steps;
+strides 4; about a minute and a half on 2 CPU cores), ``small`` (7
+instances, 5 clicks x 11 iterates, 20 box steps, strides 8) and ``tiny`` (2
+instances, 2 clicks x 3 iterates, 5 box steps: the CI smoke test).
+Rerunning resumes every sub-run.
+
+Attack step sizes: both papers scale Adam's step with the image diagonal
+(TETRIS ``lr_mult 5 sqrt(H^2 + W^2) / (400 sqrt 2)``, BREPS ``lr_mult
+sqrt(H^2 + W^2) / (1024 sqrt 2)``, in the model's resized frame), tuned for
+~480 x 640 benchmark images in SAM's 1024-px frame: one step there is 0.69 %
+(TETRIS, lr_mult 1) and 0.49 % (BREPS, lr_mult 9) of the frame. The demo's
+images are 48-64 px in the demonstration model's 256-px frame, where the same
+multipliers would move a prompt 0.28 % / 0.19 % of the frame per step, so the
+demo sets ``--lr_mult`` to `DEMO_TETRIS_LR_MULT` / `DEMO_BREPS_LR_MULT`, the
+multipliers that give the papers' fraction of the frame per step on the
+demo's 48 x 64 images (`frame_matched_lr_mult`).
 
 If the demonstration model's weights are not installed, the command stops
 and says so; ``--untrained-model`` runs the same pipeline with the random
@@ -35,6 +48,38 @@ COMMAND = "demo"
 UNTRAINED_MODEL = "sam_tiny"
 DATA_DIR = "synthetic"
 DEMO_SEED = 20250
+# Step-size matching (module docstring): the papers' typical image and model frame.
+PAPER_IMAGE_HW = (480, 640)
+PAPER_MODEL_FRAME = 1024
+DEMO_IMAGE_HW = (48, 64)
+DEMO_MODEL_FRAME = 256
+
+
+def frame_matched_lr_mult(paper_lr_mult: float, image_hw=DEMO_IMAGE_HW, model_frame: int = DEMO_MODEL_FRAME,
+                          paper_image_hw=PAPER_IMAGE_HW, paper_model_frame: int = PAPER_MODEL_FRAME) -> float:
+    """The ``lr_mult`` giving, on ``image_hw`` in a ``model_frame`` px model, the papers' step as a frame fraction.
+
+    Both step rules are ``lr = lr_mult c sqrt(H^2 + W^2)`` resized-frame
+    pixels, so the step as a fraction of the model frame is ``lr_mult c
+    diag / frame``; equating it with the papers' setting gives ``paper_lr_mult
+    (paper_diag / paper_frame) / (diag / frame)``.
+
+    Args:
+      paper_lr_mult: the papers' multiplier (TETRIS 1, BREPS 9).
+      image_hw, model_frame: the images (px) and model input side (px) of the run.
+      paper_image_hw, paper_model_frame: the papers' typical image and SAM's frame.
+
+    Returns:
+      The multiplier (float): 2.5 for TETRIS's 1 and 22.5 for BREPS's 9 on 48 x 64 images in a
+      256-px frame.
+    """
+    diag = (image_hw[0] ** 2 + image_hw[1] ** 2) ** 0.5
+    paper_diag = (paper_image_hw[0] ** 2 + paper_image_hw[1] ** 2) ** 0.5
+    return paper_lr_mult * (paper_diag / paper_model_frame) / (diag / model_frame)
+
+
+DEMO_TETRIS_LR_MULT = round(frame_matched_lr_mult(1.0), 2)
+DEMO_BREPS_LR_MULT = round(frame_matched_lr_mult(9.0), 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,18 +96,18 @@ class DemoSize:
 
 
 SIZES = {
-    "tiny": DemoSize(instances=2, n_clicks=2, n_opt_steps=2, baseline_clicks=3, box_steps=2, click_stride=16,
+    "tiny": DemoSize(instances=2, n_clicks=2, n_opt_steps=3, baseline_clicks=3, box_steps=5, click_stride=16,
                      box_stride=16),
-    "small": DemoSize(instances=4, n_clicks=5, n_opt_steps=5, baseline_clicks=10, box_steps=20, click_stride=8,
+    "small": DemoSize(instances=7, n_clicks=5, n_opt_steps=11, baseline_clicks=10, box_steps=20, click_stride=8,
                       box_stride=8),
-    "full": DemoSize(instances=8, n_clicks=10, n_opt_steps=11, baseline_clicks=20, box_steps=50, click_stride=4,
+    "full": DemoSize(instances=14, n_clicks=10, n_opt_steps=11, baseline_clicks=20, box_steps=50, click_stride=4,
                      box_stride=4),
 }
 
 EPILOG = """\
 examples:
   jaxseg-robust demo                        runs/demo with the embedded demonstration model
-  jaxseg-robust demo --out /tmp/demo --size full
+  jaxseg-robust demo --out /tmp/demo --size small   7 instances, shorter attacks
   jaxseg-robust demo --untrained-model      no trained weights installed: random sam_tiny (numbers meaningless)
 exit codes: 0 every sub-run ok, 1 some instances failed, 2 bad arguments / a sub-run could not run.
 """
@@ -76,7 +121,7 @@ def register(subparsers) -> None:
                     "prompt-robustness protocol, one run directory and a Markdown report with tables and plots.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/demo", metavar="DIR", help="output folder (default %(default)s)")
-    parser.add_argument("--size", choices=tuple(SIZES), default="small", help="amount of work (default %(default)s)")
+    parser.add_argument("--size", choices=tuple(SIZES), default="full", help="amount of work (default %(default)s)")
     parser.add_argument("--untrained-model", action="store_true",
                         help=f"use the random-weight test model {UNTRAINED_MODEL} instead of the demonstration "
                              "model (when its weights are not installed; the numbers are meaningless)")
@@ -121,9 +166,9 @@ def sub_run_argv(protocol: str, model: str, data: pathlib.Path, out: pathlib.Pat
               "--progress", progress]
     if protocol == "tetris":
         return ["tetris", *common, "--n-clicks", str(size.n_clicks), "--n_opt_steps", str(size.n_opt_steps),
-                "--baseline-clicks", str(size.baseline_clicks)]
+                "--baseline-clicks", str(size.baseline_clicks), "--lr_mult", str(DEMO_TETRIS_LR_MULT)]
     if protocol == "breps":
-        return ["breps", *common, "--n_opt_steps", str(size.box_steps)]
+        return ["breps", *common, "--n_opt_steps", str(size.box_steps), "--lr_mult", str(DEMO_BREPS_LR_MULT)]
     if protocol == "click_grid":
         return ["grid", "--kind", "click", *common, "--stride", str(size.click_stride)]
     if protocol == "box_grid":
