@@ -294,7 +294,7 @@ def make_train_step(segmenter: SamSegmenter, optimizer, config: TrainConfig, num
                                                                                  num_sim)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads), **metrics}
+        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), **metrics}
 
     return step
 
