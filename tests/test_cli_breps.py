@@ -6,7 +6,6 @@ import csv
 import json
 import math
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -22,82 +21,45 @@ from jaxseg_robust.data.user_boxes import resized_prompt_box
 from jaxseg_robust.reports.breps import breps_table, to_csv, to_markdown
 from jaxseg_robust.runner.records import latest_records, read_records, read_run_records
 
-HEIGHT, WIDTH = 40, 48
-GOOD = ("a0", "a1", "a2")
+from cli_helpers import (
+    ATTACK_ARGPARSE_ERRORS,
+    BAD,
+    GOOD,
+    HEIGHT,
+    WIDTH,
+    assert_argparse_rejects,
+    assert_command_error,
+    assert_resume_refused,
+    assert_resume_skips_everything,
+    folder_flags,
+    help_text,
+    make_folder,
+    records_by_status,
+    run_on_new_folder,
+    run_cli,
+    table_cells,
+    write_pair,
+)
+
 STEPS = "3"
 LR_MULT = "60"  # tiny images: move the box by a few pixels per step
 
 
-def _write_pair(root: pathlib.Path, stem: str, seed: int, mask_hw=(HEIGHT, WIDTH)) -> None:
-    rng = np.random.default_rng(seed)
-    image = rng.integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
-    yy, xx = np.mgrid[:mask_hw[0], :mask_hw[1]]
-    cy, cx = rng.uniform(0.4, 0.6) * mask_hw[0], rng.uniform(0.4, 0.6) * mask_hw[1]
-    mask = ((yy - cy) / (0.3 * mask_hw[0])) ** 2 + ((xx - cx) / (0.25 * mask_hw[1])) ** 2 <= 1
-    if mask_hw == (HEIGHT, WIDTH):
-        image[mask] = (image[mask] // 2 + 100).astype(np.uint8)
-    Image.fromarray(image).save(root / "images" / f"{stem}.png")
-    Image.fromarray(mask.astype(np.uint8) * 255).save(root / "masks" / f"{stem}.png")
-
-
-def make_folder(root: pathlib.Path, bad: bool = True) -> pathlib.Path:
-    """``root/toy/{images,masks}``: three good pairs; with ``bad`` a size-mismatched and an unreadable mask."""
-    folder = root / "toy"
-    (folder / "images").mkdir(parents=True)
-    (folder / "masks").mkdir()
-    for index, stem in enumerate(GOOD):
-        _write_pair(folder, stem, index)
-    if bad:
-        _write_pair(folder, "b_mismatch", 10, mask_hw=(HEIGHT - 3, WIDTH))
-        _write_pair(folder, "b_unreadable", 11)
-        (folder / "masks" / "b_unreadable.png").write_bytes(b"this is not a png")
-    return folder
-
-
-def breps_argv(folder: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
-    return ["breps", "--model", "sam_tiny", "--folder", str(folder / "images"), str(folder / "masks"),
-            "--out", str(out), "--n_opt_steps", STEPS, "--lr_mult", LR_MULT, "--progress", "none", *extra]
-
-
-def run_cli(argv, capsys):
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
+def breps_argv(folder, out, *extra: str) -> list[str]:
+    return ["breps", "--model", "sam_tiny", *folder_flags(folder), "--out", str(out), "--n_opt_steps", STEPS,
+            "--lr_mult", LR_MULT, "--progress", "none", *extra]
 
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
     """One minmax run over 3 good and 2 bad instances (the only compile of this module)."""
-    root = tmp_path_factory.mktemp("breps")
-    folder = make_folder(root)
-    out = root / "run"
-    capture = _Capture()
-    with capture:
-        code = cli.main(breps_argv(folder, out, "--batch-size", "2"))
-    return folder, out, code, capture.out, capture.err
-
-
-class _Capture:
-    """Captures stdout/stderr in a module-scoped fixture (capsys is function-scoped)."""
-
-    def __enter__(self):
-        import io  # noqa: PLC0415
-
-        self._saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = self._out, self._err = io.StringIO(), io.StringIO()
-        return self
-
-    def __exit__(self, *exc):
-        sys.stdout, sys.stderr = self._saved
-        self.out, self.err = self._out.getvalue(), self._err.getvalue()
+    return run_on_new_folder(tmp_path_factory, "breps",
+                             lambda folder, out: breps_argv(folder, out, "--batch-size", "2"))
 
 
 def test_help_has_an_example_and_breps_flags(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["breps", "--help"])
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    assert "jaxseg-robust breps --model sam_vit_b --datasets" in out and "exit codes" in out
+    out = help_text("breps", capsys)
+    assert "jaxseg-robust breps --model sam_vit_b --datasets" in out
     for flag in ("--n_opt_steps", "--n-opt-steps", "--lr_mult", "--thresh", "--mode", "--user-boxes",
                  "--batch-size", "--batch_size", "--limit", "--seed"):
         assert flag in out
@@ -106,12 +68,10 @@ def test_help_has_an_example_and_breps_flags(capsys):
 def test_run_records_failures_table_and_exit_code(first_run):
     folder, out, code, stdout, stderr = first_run
     assert code == cli.EXIT_PARTIAL, stderr
-    records = latest_records(read_run_records(out))
+    ok, failed, records = records_by_status(out)
     assert len(records) == 5
-    ok = {key[1]: r for key, r in records.items() if r["status"] == "ok"}
-    failed = {key[1]: r for key, r in records.items() if r["status"] == "failed"}
     assert set(ok) == set(GOOD)
-    assert set(failed) == {"b_mismatch", "b_unreadable"}
+    assert set(failed) == set(BAD)
     assert "b_mismatch.png" in failed["b_mismatch"]["error"] and "size" in failed["b_mismatch"]["error"]
     assert "b_unreadable.png" in failed["b_unreadable"]["error"]
     for record in ok.values():
@@ -128,8 +88,7 @@ def test_run_records_failures_table_and_exit_code(first_run):
     # the summary: counts and per-dataset means of the records
     assert "5 instances: 3 ok, 2 failed" in stdout
     assert "failed toy/b_mismatch" in stdout
-    row = next(line for line in stdout.splitlines() if line.startswith("| toy |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
+    cells = table_cells(stdout)
     assert cells[:3] == ["toy", "3", "2"]
     mean_min = np.mean([r["payload"]["min"]["iou"] for r in ok.values()])
     mean_max = np.mean([r["payload"]["max"]["iou"] for r in ok.values()])
@@ -147,20 +106,14 @@ def test_run_records_failures_table_and_exit_code(first_run):
 
 def test_resume_does_nothing_new_and_prints_the_same_table(first_run, capsys):
     folder, out, _, stdout, _ = first_run
-    before = (out / "records.jsonl").read_bytes()
-    code, again, err = run_cli(breps_argv(folder, out, "--batch-size", "2"), capsys)
-    assert code == cli.EXIT_PARTIAL, err
-    assert (out / "records.jsonl").read_bytes() == before
-    assert "0 ok, 0 failed, 5 skipped (already recorded, 2 of them failed)" in again
-    table = [line for line in stdout.splitlines() if line.startswith("|")]
-    assert table and table == [line for line in again.splitlines() if line.startswith("|")]
+    assert_resume_skips_everything(breps_argv(folder, out, "--batch-size", "2"), out, stdout, capsys,
+                                   expected_code=cli.EXIT_PARTIAL,
+                                   skipped="0 ok, 0 failed, 5 skipped (already recorded, 2 of them failed)")
 
 
 def test_changed_settings_refuse_to_resume(first_run, capsys):
     folder, out, _, _, _ = first_run
-    code, _, err = run_cli(breps_argv(folder, out, "--lr_mult", "5"), capsys)
-    assert code == cli.EXIT_FAILURE
-    assert "config.lr_mult" in err and "--allow-manifest-mismatch" in err
+    assert_resume_refused(breps_argv(folder, out, "--lr_mult", "5"), capsys, "config.lr_mult")
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -172,21 +125,12 @@ def test_changed_settings_refuse_to_resume(first_run, capsys):
 ])
 def test_bad_arguments_exit_2_with_a_clear_error(tmp_path, capsys, extra, message):
     folder = make_folder(tmp_path, bad=False)
-    code, _, err = run_cli(breps_argv(folder, tmp_path / "run", *extra), capsys)
-    assert code == cli.EXIT_FAILURE
-    assert "jaxseg-robust breps: error:" in err and message in err
+    assert_command_error("breps", breps_argv(folder, tmp_path / "run", *extra), capsys, message)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--n_opt_steps", "0"], "positive integer"),
-    (["--lr_mult", "abc"], "expected a number"),
-    (["--mode", "median"], "invalid choice"),
-])
+@pytest.mark.parametrize("argv, message", ATTACK_ARGPARSE_ERRORS)
 def test_argparse_rejects_bad_values(tmp_path, capsys, argv, message):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["breps", "--model", "sam_tiny", "--datasets", "grabcut", "--out", str(tmp_path), *argv])
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_argparse_rejects("breps", argv, tmp_path, capsys, message)
 
 
 def test_missing_data_is_a_clear_error(tmp_path, capsys):
@@ -303,7 +247,7 @@ def test_user_boxes_csv(tmp_path, capsys):
 def test_sigkill_mid_run_then_resume_completes_without_duplicates(tmp_path):
     folder = make_folder(tmp_path, bad=False)
     for index in range(3, 8):
-        _write_pair(folder, f"a{index}", index)
+        write_pair(folder, f"a{index}", index)
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "jaxseg_robust.cli", *breps_argv(folder, out, "--batch-size", "1")]
     env = dict(os.environ, JAX_PLATFORMS="cpu")

@@ -10,7 +10,7 @@ from jaxseg_robust import cli
 from jaxseg_robust.commands import demo
 from jaxseg_robust.models import zoo
 
-from test_cli_tetris import assert_png, run_cli
+from cli_helpers import assert_png, run_cli
 
 
 def test_missing_demo_model_is_an_error_naming_the_flag(tmp_path, capsys, monkeypatch):

@@ -12,18 +12,31 @@ import pytest
 from jaxseg_robust import cli
 from jaxseg_robust.commands.grid import crop_outputs, heatmap_path
 from jaxseg_robust.reports.grid import grid_table, load_heatmaps, to_csv, to_markdown
-from jaxseg_robust.runner.records import latest_records, read_run_records
 
-from test_cli_breps import GOOD, HEIGHT, WIDTH, make_folder
-from test_cli_tetris import _Capture, assert_png, run_cli
+from cli_helpers import (
+    GOOD,
+    HEIGHT,
+    WIDTH,
+    assert_argparse_rejects,
+    assert_command_error,
+    assert_resume_refused,
+    assert_png,
+    assert_resume_skips_everything,
+    folder_flags,
+    make_folder,
+    records_by_status,
+    run_captured,
+    run_cli,
+    table_cells,
+)
 
 CLICK_STRIDE, BOX_STRIDE = 4, 8
 
 
 def grid_argv(kind, folder, out, *extra: str) -> list[str]:
     stride = CLICK_STRIDE if kind == "click" else BOX_STRIDE
-    return ["grid", "--kind", kind, "--model", "sam_tiny", "--folder", str(folder / "images"), str(folder / "masks"),
-            "--out", str(out), "--stride", str(stride), "--chunk-size", "32", "--progress", "none", *extra]
+    return ["grid", "--kind", kind, "--model", "sam_tiny", *folder_flags(folder), "--out", str(out),
+            "--stride", str(stride), "--chunk-size", "32", "--progress", "none", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -31,31 +44,26 @@ def folder(tmp_path_factory):
     return make_folder(tmp_path_factory.mktemp("grid"))
 
 
+def _grid_run(kind, folder, tmp_path_factory):
+    """One ``--kind`` grid over the module's folder (3 good, 2 bad instances): (run dir, code, stdout, stderr)."""
+    out = tmp_path_factory.mktemp(kind) / "run"
+    return out, *run_captured(grid_argv(kind, folder, out))
+
+
 @pytest.fixture(scope="module")
 def click_run(folder, tmp_path_factory):
-    out = tmp_path_factory.mktemp("click") / "run"
-    with _Capture() as capture:
-        code = cli.main(grid_argv("click", folder, out))
-    return out, code, capture.out, capture.err
+    return _grid_run("click", folder, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def box_run(folder, tmp_path_factory):
-    out = tmp_path_factory.mktemp("box") / "run"
-    with _Capture() as capture:
-        code = cli.main(grid_argv("box", folder, out))
-    return out, code, capture.out, capture.err
-
-
-def _ok(out):
-    records = latest_records(read_run_records(out))
-    return {key[1]: r for key, r in records.items() if r["status"] == "ok"}, records
+    return _grid_run("box", folder, tmp_path_factory)
 
 
 def test_click_grid_records_heatmaps_and_extremes(click_run):
     out, code, stdout, stderr = click_run
     assert code == cli.EXIT_PARTIAL, stderr
-    ok, records = _ok(out)
+    ok, _, records = records_by_status(out)
     assert set(ok) == set(GOOD) and len(records) == 5
     rows, cols = math.ceil(HEIGHT / CLICK_STRIDE), math.ceil(WIDTH / CLICK_STRIDE)
     for name, record in ok.items():
@@ -75,8 +83,7 @@ def test_click_grid_records_heatmaps_and_extremes(click_run):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["protocol"] == "grid" and manifest["config"]["kind"] == "click"
     assert manifest["config"]["multimask_output"] is True and manifest["config"]["stride"] == CLICK_STRIDE
-    row = next(line for line in stdout.splitlines() if line.startswith("| toy |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
+    cells = table_cells(stdout)
     assert cells[:3] == ["toy", "3", "2"]
     assert float(cells[3]) == pytest.approx(100 * np.mean([r["payload"]["iou_min"] for r in ok.values()]), abs=0.006)
     assert float(cells[5]) == pytest.approx(100 * np.mean([r["payload"]["baseline_iou"] for r in ok.values()]),
@@ -88,7 +95,7 @@ def test_click_grid_records_heatmaps_and_extremes(click_run):
 def test_box_grid_records_heatmaps_and_extremes(box_run):
     out, code, stdout, stderr = box_run
     assert code == cli.EXIT_PARTIAL, stderr
-    ok, _ = _ok(out)
+    ok, _, _ = records_by_status(out)
     assert set(ok) == set(GOOD)
     sizes_h, sizes_w = 2 * HEIGHT // BOX_STRIDE + 1, 2 * WIDTH // BOX_STRIDE + 1
     for record in ok.values():
@@ -106,14 +113,9 @@ def test_box_grid_records_heatmaps_and_extremes(box_run):
 
 def test_resume_skips_and_a_mismatch_is_refused(folder, click_run, capsys):
     out, _, stdout, _ = click_run
-    before = (out / "records.jsonl").read_bytes()
-    code, again, err = run_cli(grid_argv("click", folder, out), capsys)
-    assert code == cli.EXIT_PARTIAL, err
-    assert (out / "records.jsonl").read_bytes() == before
-    assert "0 ok, 0 failed, 5 skipped" in again
-    assert [l for l in stdout.splitlines() if l.startswith("|")] == [l for l in again.splitlines() if l.startswith("|")]
-    code, _, err = run_cli(grid_argv("click", folder, out, "--region", "object"), capsys)
-    assert code == cli.EXIT_FAILURE and "region" in err
+    assert_resume_skips_everything(grid_argv("click", folder, out), out, stdout, capsys, expected_code=cli.EXIT_PARTIAL,
+                                   skipped="0 ok, 0 failed, 5 skipped")
+    assert_resume_refused(grid_argv("click", folder, out, "--region", "object"), capsys, "region")
 
 
 def test_reports_have_every_table_and_plot(click_run, box_run, tmp_path, capsys):
@@ -147,9 +149,7 @@ def test_reports_have_every_table_and_plot(click_run, box_run, tmp_path, capsys)
 ])
 def test_bad_arguments_exit_2(tmp_path, capsys, kind, extra, message):
     folder = make_folder(tmp_path, bad=False)
-    code, _, err = run_cli(grid_argv(kind, folder, tmp_path / "run", *extra), capsys)
-    assert code == cli.EXIT_FAILURE
-    assert "jaxseg-robust grid: error:" in err and message in err
+    assert_command_error("grid", grid_argv(kind, folder, tmp_path / "run", *extra), capsys, message)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -159,10 +159,7 @@ def test_bad_arguments_exit_2(tmp_path, capsys, kind, extra, message):
     (["--kind", "box", "--multimask", "--single-mask"], "not allowed"),
 ])
 def test_argparse_rejects_bad_values(tmp_path, capsys, argv, message):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["grid", "--model", "sam_tiny", "--datasets", "grabcut", "--out", str(tmp_path), *argv])
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_argparse_rejects("grid", argv, tmp_path, capsys, message)
 
 
 def test_report_of_a_non_run_directory_exits_2(tmp_path, capsys):

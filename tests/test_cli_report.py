@@ -19,8 +19,7 @@ from jaxseg_robust.reports import run_report
 from jaxseg_robust.reports.sources import image_source, load_source_image, with_image_source
 from jaxseg_robust.runner.engine import run
 
-from test_cli_breps import GOOD, HEIGHT, WIDTH, make_folder
-from test_cli_tetris import assert_png, run_cli
+from cli_helpers import GOOD, HEIGHT, WIDTH, assert_png, make_folder, run_cli
 
 
 def folder_instances(folder: pathlib.Path) -> list:

@@ -3,89 +3,67 @@
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from jaxseg_robust import cli
 from jaxseg_robust.attacks.clicks import trajectory_scores
-from jaxseg_robust.reports.figures import FIGURE_PX
 from jaxseg_robust.reports.tetris import tetris_table, to_csv, to_markdown
 from jaxseg_robust.runner.records import latest_records, read_run_records
 
-from test_cli_breps import GOOD, HEIGHT, WIDTH, make_folder
+from cli_helpers import (
+    ATTACK_ARGPARSE_ERRORS,
+    BAD,
+    GOOD,
+    HEIGHT,
+    WIDTH,
+    assert_argparse_rejects,
+    assert_command_error,
+    assert_resume_refused,
+    assert_png,
+    assert_resume_skips_everything,
+    folder_flags,
+    help_text,
+    make_folder,
+    records_by_status,
+    run_on_new_folder,
+    run_cli,
+    table_cells,
+)
 
 CLICKS, STEPS, BASELINE_CLICKS = 3, 3, 4
 
 
 def tetris_argv(folder, out, *extra: str) -> list[str]:
-    return ["tetris", "--model", "sam_tiny", "--folder", str(folder / "images"), str(folder / "masks"),
-            "--out", str(out), "--n_clicks", str(CLICKS), "--n_opt_steps", str(STEPS), "--lr_mult", "4",
-            "--baseline-clicks", str(BASELINE_CLICKS), "--progress", "none", *extra]
-
-
-class _Capture:
-    """Captures stdout/stderr in a module-scoped fixture (capsys is function-scoped)."""
-
-    def __enter__(self):
-        self._saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = self._out, self._err = io.StringIO(), io.StringIO()
-        return self
-
-    def __exit__(self, *exc):
-        sys.stdout, sys.stderr = self._saved
-        self.out, self.err = self._out.getvalue(), self._err.getvalue()
+    return ["tetris", "--model", "sam_tiny", *folder_flags(folder), "--out", str(out), "--n_clicks", str(CLICKS),
+            "--n_opt_steps", str(STEPS), "--lr_mult", "4", "--baseline-clicks", str(BASELINE_CLICKS),
+            "--progress", "none", *extra]
 
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
     """One minmax + baseline run over 3 good and 2 bad instances (the only compile of this module)."""
-    root = tmp_path_factory.mktemp("tetris")
-    folder = make_folder(root)
-    out = root / "run"
-    with _Capture() as capture:
-        code = cli.main(tetris_argv(folder, out, "--batch-size", "2"))
-    return folder, out, code, capture.out, capture.err
-
-
-def run_cli(argv, capsys):
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_png(path, size=FIGURE_PX):
-    """A PNG of the stated (width, height) that is not blank (many distinct colours, real contrast)."""
-    with Image.open(path) as image:
-        assert image.format == "PNG" and image.size == size
-        pixels = np.asarray(image.convert("RGB"))
-    assert pixels.std() > 10
-    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50
+    return run_on_new_folder(tmp_path_factory, "tetris",
+                             lambda folder, out: tetris_argv(folder, out, "--batch-size", "2"))
 
 
 def test_help_lists_the_ritm_tetris_flags(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["tetris", "--help"])
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
+    out = help_text("tetris", capsys)
     for flag in ("--n-clicks", "--n_clicks", "--n_opt_steps", "--lr_mult", "--thresh", "--mode", "--baseline-clicks",
-                 "--fixed-first-click", "--acceptance", "--datasets", "--batch_size", "exit codes"):
+                 "--fixed-first-click", "--acceptance", "--datasets", "--batch_size"):
         assert flag in out
 
 
 def test_records_hold_min_max_and_baseline_trajectories(first_run):
     folder, out, code, stdout, stderr = first_run
     assert code == cli.EXIT_PARTIAL, stderr
-    records = latest_records(read_run_records(out))
-    ok = {key[1]: r["payload"] for key, r in records.items() if r["status"] == "ok"}
-    failed = {key[1]: r for key, r in records.items() if r["status"] == "failed"}
-    assert set(ok) == set(GOOD) and set(failed) == {"b_mismatch", "b_unreadable"}
-    for name, payload in ok.items():
+    ok, failed, _ = records_by_status(out)
+    assert set(ok) == set(GOOD) and set(failed) == set(BAD)
+    for name, record in ok.items():
+        payload = record["payload"]
         assert set(payload) == {"min", "max", "baseline", "source"}
         assert len(payload["min"]["iou"]) == len(payload["max"]["clicks"]) == CLICKS
         assert len(payload["baseline"]["iou"]) == BASELINE_CLICKS
@@ -104,10 +82,9 @@ def test_records_hold_min_max_and_baseline_trajectories(first_run):
 
 def test_summary_table_matches_the_records(first_run):
     _, out, _, stdout, _ = first_run
-    records = [r for r in latest_records(read_run_records(out)).values() if r["status"] == "ok"]
+    records = list(records_by_status(out)[0].values())
     assert "5 instances: 3 ok, 2 failed" in stdout and "failed toy/b_unreadable" in stdout
-    row = next(line for line in stdout.splitlines() if line.startswith("| toy |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
+    cells = table_cells(stdout)
     assert cells[:3] == ["toy", "3", "2"]
     scores = {t: trajectory_scores([r["payload"][t] for r in records], num_clicks=CLICKS) for t in ("min", "max")}
     base = trajectory_scores([r["payload"]["baseline"] for r in records], num_clicks=BASELINE_CLICKS)
@@ -126,19 +103,14 @@ def test_summary_table_matches_the_records(first_run):
 
 def test_resume_skips_everything_and_prints_the_same_table(first_run, capsys):
     folder, out, _, stdout, _ = first_run
-    before = (out / "records.jsonl").read_bytes()
-    code, again, err = run_cli(tetris_argv(folder, out, "--batch-size", "2"), capsys)
-    assert code == cli.EXIT_PARTIAL, err
-    assert (out / "records.jsonl").read_bytes() == before
-    assert "0 ok, 0 failed, 5 skipped (already recorded, 2 of them failed)" in again
-    table = [line for line in stdout.splitlines() if line.startswith("|")]
-    assert table and table == [line for line in again.splitlines() if line.startswith("|")]
+    assert_resume_skips_everything(tetris_argv(folder, out, "--batch-size", "2"), out, stdout, capsys,
+                                   expected_code=cli.EXIT_PARTIAL,
+                                   skipped="0 ok, 0 failed, 5 skipped (already recorded, 2 of them failed)")
 
 
 def test_changed_settings_refuse_to_resume(first_run, capsys):
     folder, out, _, _, _ = first_run
-    code, _, err = run_cli(tetris_argv(folder, out, "--tolerance", "2"), capsys)
-    assert code == cli.EXIT_FAILURE and "tolerance" in err and "--allow-manifest-mismatch" in err
+    assert_resume_refused(tetris_argv(folder, out, "--tolerance", "2"), capsys, "tolerance")
 
 
 def test_report_writes_every_table_and_plot(first_run, tmp_path, capsys):
@@ -167,21 +139,12 @@ def test_report_writes_every_table_and_plot(first_run, tmp_path, capsys):
 ])
 def test_bad_arguments_exit_2_with_a_clear_error(tmp_path, capsys, extra, message):
     folder = make_folder(tmp_path, bad=False)
-    code, _, err = run_cli(tetris_argv(folder, tmp_path / "run", *extra), capsys)
-    assert code == cli.EXIT_FAILURE
-    assert "jaxseg-robust tetris: error:" in err and message in err
+    assert_command_error("tetris", tetris_argv(folder, tmp_path / "run", *extra), capsys, message)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--n_opt_steps", "0"], "positive integer"),
-    (["--lr_mult", "abc"], "expected a number"),
-    (["--mode", "median"], "invalid choice"),
-])
+@pytest.mark.parametrize("argv, message", ATTACK_ARGPARSE_ERRORS)
 def test_argparse_rejects_bad_values(tmp_path, capsys, argv, message):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["tetris", "--model", "sam_tiny", "--datasets", "grabcut", "--out", str(tmp_path), *argv])
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_argparse_rejects("tetris", argv, tmp_path, capsys, message)
 
 
 # ---- the table (pure) ------------------------------------------------------------------------
@@ -233,8 +196,8 @@ def test_tetris_table_single_mode_nan_and_errors():
 def test_baseline_mode_records_only_the_baseline(tmp_path, capsys):
     folder = make_folder(tmp_path, bad=False)
     out = tmp_path / "run"
-    argv = ["tetris", "--model", "sam_tiny", "--folder", str(folder / "images"), str(folder / "masks"), "--out",
-            str(out), "--mode", "baseline", "--n-clicks", "5", "--progress", "none"]
+    argv = ["tetris", "--model", "sam_tiny", *folder_flags(folder), "--out", str(out), "--mode", "baseline",
+            "--n-clicks", "5", "--progress", "none"]
     code, stdout, err = run_cli(argv, capsys)
     assert code == cli.EXIT_OK, err
     payloads = [r["payload"] for r in latest_records(read_run_records(out)).values()]

@@ -20,7 +20,6 @@ is printed and written to ``RUN_DIR/summary.md`` and ``RUN_DIR/summary.csv``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 
@@ -29,14 +28,15 @@ import numpy as np
 from jaxseg_robust.commands.prompt_common import (
     CommandError,
     LoadedModel,
-    add_common_arguments,
+    add_attack_step_flags,
     add_flag,
-    finish,
+    add_mode_flag,
+    add_protocol_parser,
     finite_float,
     load_instances,
-    load_model,
-    positive_int,
-    report_error,
+    load_model_of,
+    model_config,
+    run_prompt_command,
     run_protocol,
 )
 
@@ -66,18 +66,14 @@ arguments / nothing could be run.
 
 def register(subparsers) -> None:
     """Adds the ``breps`` sub-command."""
-    parser = subparsers.add_parser(
-        COMMAND, help="BREPS adversarial / tight / jittered / user boxes for SAM-family models",
+    _, group = add_protocol_parser(
+        subparsers, COMMAND, summary="BREPS adversarial / tight / jittered / user boxes for SAM-family models",
         description="BREPS box-prompt robustness (adversarial MIN/MAX boxes, tight, jittered and real user "
                     "boxes) of a SAM-family model on RITM-style datasets or any image/mask folder.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser, default_batch_size=DEFAULT_BATCH_SIZE)
-    group = parser.add_argument_group("BREPS protocol")
-    group.add_argument("--mode", choices=MODES, default="minmax", help="protocol (default %(default)s)")
-    add_flag(group, "--n-opt-steps", type=positive_int, default=50, metavar="S",
-             help="evaluated iterates per attack: the tight box + S-1 Adam updates (default %(default)s)")
-    add_flag(group, "--lr-mult", type=finite_float, default=9.0,
-             help="Adam lr = lr_mult * sqrt(H^2 + W^2) / (1024 sqrt 2) (default %(default)s)")
+        epilog=EPILOG, default_batch_size=DEFAULT_BATCH_SIZE, group_title="BREPS protocol", run=run)
+    add_mode_flag(group, MODES)
+    add_attack_step_flags(group, n_opt_steps=50, first_iterate="per attack: the tight box", lr_mult=9.0,
+                          lr_scale="sqrt(H^2 + W^2) / (1024 sqrt 2)")
     add_flag(group, "--lambda-mult", type=finite_float, default=0.1,
              help="weight of the Gamma realism term over CIoU (default %(default)s)")
     group.add_argument("--thresh", type=finite_float, default=0.5,
@@ -100,7 +96,6 @@ def register(subparsers) -> None:
              help="user mode: CSV image_id,x1,y1,x2,y2[,user] in image pixels")
     add_flag(group, "--user-box-masks", default=None, metavar="DIR",
              help="user mode: folder of BREPS prompt PNGs <image stem>_1_<user>.png")
-    parser.set_defaults(func=run)
 
 
 # ---- validation and configuration ---------------------------------------------------------
@@ -136,12 +131,7 @@ def check_protocol_arguments(args) -> None:
 
 def protocol_config(args, model: LoadedModel, user_fingerprint: str | None = None) -> dict:
     """The run configuration recorded in (and compared on resume with) the manifest: only settings of the mode."""
-    # the weights themselves are pinned by the manifest's model fingerprint; a converted model's
-    # path is left out so that a moved models folder still resumes
-    source = model.source if model.source.startswith("random:") else "converted"
-    config = {"protocol": "breps", "mode": args.mode, "model": model.name, "model_source": source,
-              "image_resize": getattr(model.segmenter, "image_resize", None),
-              "compute_dtype": args.compute_dtype}
+    config = model_config(COMMAND, args, model, mode=args.mode)
     if args.mode in ("min", "max", "minmax"):
         config.update(n_opt_steps=args.n_opt_steps, lr_mult=args.lr_mult, lambda_mult=args.lambda_mult,
                       thresh=args.thresh, clip_and_order=args.clip_and_order,
@@ -301,31 +291,32 @@ def make_batch_function(args, model: LoadedModel, user_boxes: dict | None = None
     return function, None
 
 
+def execute(args) -> tuple:
+    """Checks, loads, runs into ``args.out``; returns (run summary, table Markdown, table CSV) of the run directory."""
+    from jaxseg_robust.reports.breps import breps_table, load_run_records, to_csv, to_markdown  # noqa: PLC0415
+    from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
+
+    check_protocol_arguments(args)
+    instances = load_instances(args)
+    model = load_model_of(args)
+    user_boxes, user_fingerprint = None, None
+    if args.mode == "user":
+        long_side = int(model.segmenter.config.image_size)
+        user_boxes, user_fingerprint, notes = read_user_boxes(args, instances, long_side)
+        for note in notes:
+            print(f"warning: {note}", file=sys.stderr)
+        without = len(instances) - len(user_boxes)
+        if without:
+            print(f"note: {without} instance(s) have no user box and are not evaluated", file=sys.stderr)
+        instances = [instance for instance in instances if instance.key in user_boxes]
+    batch_fn, finalize = make_batch_function(args, model, user_boxes)
+    config = protocol_config(args, model, user_fingerprint)
+    summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
+                           finalize=with_image_source(finalize))  # records where the image lives, for plots
+    table = breps_table(load_run_records(args.out), args.mode)
+    return summary, to_markdown(table), to_csv(table)
+
+
 def run(args) -> int:
     """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
-    from jaxseg_robust.reports.breps import breps_table, load_run_records, to_csv, to_markdown  # noqa: PLC0415
-
-    try:
-        check_protocol_arguments(args)
-        instances = load_instances(args)
-        model = load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype)
-        user_boxes, user_fingerprint = None, None
-        if args.mode == "user":
-            long_side = int(model.segmenter.config.image_size)
-            user_boxes, user_fingerprint, notes = read_user_boxes(args, instances, long_side)
-            for note in notes:
-                print(f"warning: {note}", file=sys.stderr)
-            without = len(instances) - len(user_boxes)
-            if without:
-                print(f"note: {without} instance(s) have no user box and are not evaluated", file=sys.stderr)
-            instances = [instance for instance in instances if instance.key in user_boxes]
-        batch_fn, finalize = make_batch_function(args, model, user_boxes)
-        config = protocol_config(args, model, user_fingerprint)
-        from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
-
-        summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
-                               finalize=with_image_source(finalize))  # records where the image lives, for plots
-        table = breps_table(load_run_records(args.out), args.mode)
-    except (CommandError, ValueError) as error:  # ValueError: bad data files, records of another protocol
-        return report_error(COMMAND, str(error))
-    return finish(COMMAND, args, summary, to_markdown(table), to_csv(table))
+    return run_prompt_command(COMMAND, args, execute)

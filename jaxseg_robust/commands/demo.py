@@ -179,31 +179,6 @@ def sub_run_argv(protocol: str, model: str, data: pathlib.Path, out: pathlib.Pat
 PROTOCOLS = ("tetris", "breps", "click_grid", "box_grid")
 
 
-def run_breps_with_sources(args) -> int:
-    """`jaxseg-robust breps` (minmax) recording each instance's image source, so the report can draw the boxes."""
-    from jaxseg_robust.commands import breps  # noqa: PLC0415
-    from jaxseg_robust.commands.prompt_common import (  # noqa: PLC0415
-        finish,
-        load_instances,
-        load_model,
-        run_protocol,
-    )
-    from jaxseg_robust.reports.breps import breps_table, load_run_records, to_csv, to_markdown  # noqa: PLC0415
-    from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
-
-    try:
-        breps.check_protocol_arguments(args)
-        instances = load_instances(args)
-        model = load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype)
-        batch_fn, finalize = breps.make_batch_function(args, model)
-        summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=breps.protocol_config(args, model),
-                               model=model, finalize=with_image_source(finalize))
-        table = breps_table(load_run_records(args.out), args.mode)
-    except (CommandError, ValueError) as error:
-        return report_error("breps", str(error))
-    return finish("breps", args, summary, to_markdown(table), to_csv(table))
-
-
 def _banner(text: str) -> None:
     print(f"\n==== {text} ====", flush=True)
 
@@ -229,7 +204,7 @@ def run(args) -> int:
     for protocol in PROTOCOLS:
         _banner(f"{protocol} ({model}{', UNTRAINED' if args.untrained_model else ''})")
         sub_args = parser.parse_args(sub_run_argv(protocol, model, data, out / protocol, size, args.progress))
-        codes[protocol] = run_breps_with_sources(sub_args) if protocol == "breps" else int(sub_args.func(sub_args))
+        codes[protocol] = int(sub_args.func(sub_args))
     _banner("report")
     try:
         paths = write_run_report(out, out / "report")

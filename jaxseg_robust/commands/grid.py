@@ -22,7 +22,6 @@ printed and written to ``RUN_DIR/summary.md`` / ``summary.csv``.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import pathlib
@@ -32,14 +31,14 @@ import numpy as np
 from jaxseg_robust.commands.prompt_common import (
     CommandError,
     LoadedModel,
-    add_common_arguments,
     add_flag,
-    finish,
+    add_protocol_parser,
     finite_float,
     load_instances,
-    load_model,
+    load_model_of,
+    model_config,
     positive_int,
-    report_error,
+    run_prompt_command,
     run_protocol,
 )
 
@@ -70,13 +69,11 @@ def register(subparsers) -> None:
     """Adds the ``grid`` sub-command."""
     from jaxseg_robust.attacks import grid  # noqa: PLC0415
 
-    parser = subparsers.add_parser(
-        COMMAND, help="exhaustive click / box grids: IoU heatmaps over prompt positions and sizes",
+    _, group = add_protocol_parser(
+        subparsers, COMMAND, summary="exhaustive click / box grids: IoU heatmaps over prompt positions and sizes",
         description="Exhaustive prompt grids of a SAM-family model: the IoU of a click at every grid "
                     "position (TETRIS) or of every centred box size (BREPS), with min / max per instance.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser, default_batch_size=DEFAULT_BATCH_SIZE)
-    group = parser.add_argument_group("grid")
+        epilog=EPILOG, default_batch_size=DEFAULT_BATCH_SIZE, group_title="grid", run=run)
     group.add_argument("--kind", choices=KINDS, required=True, help="click positions or centred box sizes")
     group.add_argument("--stride", type=positive_int, default=grid.DEFAULT_STRIDE,
                        help="grid step in pixels (positions, or box heights / widths; default %(default)s)")
@@ -95,7 +92,6 @@ def register(subparsers) -> None:
     output.add_argument("--single-mask", dest="multimask", action="store_false",
                         help="single-mask output (default for boxes, as comp_hw.py)")
     add_flag(group, "--no-corner-heatmap", action="store_true", help="box grid: skip the corner heatmap")
-    parser.set_defaults(func=run)
 
 
 def check_arguments(args) -> bool:
@@ -117,10 +113,8 @@ def check_arguments(args) -> bool:
 
 def protocol_config(args, model: LoadedModel, multimask: bool) -> dict:
     """The run configuration recorded in (and compared on resume with) the manifest."""
-    source = model.source if model.source.startswith("random:") else "converted"
-    config = {"protocol": COMMAND, "kind": args.kind, "model": model.name, "model_source": source,
-              "image_resize": getattr(model.segmenter, "image_resize", None), "compute_dtype": args.compute_dtype,
-              "stride": args.stride, "multimask_output": multimask}
+    config = model_config(COMMAND, args, model, kind=args.kind)
+    config.update(stride=args.stride, multimask_output=multimask)
     if args.kind == "click":
         config.update(region=args.region, prefix=args.prefix, thresh=args.thresh)
     else:
@@ -149,7 +143,7 @@ def _safe(text: str) -> str:
     """``text`` if it is a safe file name, else its safe form plus a short hash (distinct names stay distinct)."""
     import hashlib  # noqa: PLC0415
 
-    from jaxseg_robust.reports.tetris import safe_name  # noqa: PLC0415
+    from jaxseg_robust.reports.report_files import safe_name  # noqa: PLC0415
 
     safe = safe_name(text)
     return safe if safe == text else f"{safe}-{hashlib.sha1(str(text).encode()).hexdigest()[:8]}"
@@ -226,20 +220,22 @@ def make_finalize(run_dir, kind: str, stride: int):
     return with_image_source(finalize)
 
 
+def execute(args) -> tuple:
+    """Checks, loads, runs into ``args.out``; returns (run summary, table Markdown, table CSV) of the run directory."""
+    from jaxseg_robust.reports.grid import grid_table, to_csv, to_markdown  # noqa: PLC0415
+    from jaxseg_robust.reports.report_files import load_run_records  # noqa: PLC0415
+
+    multimask = check_arguments(args)
+    instances = load_instances(args)
+    model = load_model_of(args)
+    batch_fn = make_batch_function(args, model, multimask)
+    config = protocol_config(args, model, multimask)
+    summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
+                           finalize=make_finalize(args.out, args.kind, args.stride))
+    table = grid_table(load_run_records(args.out), args.kind)
+    return summary, to_markdown(table), to_csv(table)
+
+
 def run(args) -> int:
     """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
-    from jaxseg_robust.reports.breps import load_run_records  # noqa: PLC0415
-    from jaxseg_robust.reports.grid import grid_table, to_csv, to_markdown  # noqa: PLC0415
-
-    try:
-        multimask = check_arguments(args)
-        instances = load_instances(args)
-        model = load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype)
-        batch_fn = make_batch_function(args, model, multimask)
-        config = protocol_config(args, model, multimask)
-        summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
-                               finalize=make_finalize(args.out, args.kind, args.stride))
-        table = grid_table(load_run_records(args.out), args.kind)
-    except (CommandError, ValueError) as error:
-        return report_error(COMMAND, str(error))
-    return finish(COMMAND, args, summary, to_markdown(table), to_csv(table))
+    return run_prompt_command(COMMAND, args, execute)

@@ -15,6 +15,14 @@ underscores, e.g. ``--batch-size`` / ``--batch_size``):
             --mask-rule, --mask-ignore, --tetris-max-side, --limit N
   run       --out RUN_DIR, --batch-size, --frame, --progress, --retry-failed,
             --allow-manifest-mismatch, --abort-after
+  attack    --mode (`add_mode_flag`), --n-opt-steps S, --lr-mult (`add_attack_step_flags`):
+            TETRIS and BREPS
+
+A command's ``register`` is `add_protocol_parser` (parser, these groups, its
+own group) plus its protocol flags; its ``run`` is `run_prompt_command` over a
+function that checks the flags, loads the instances and the model
+(`load_instances`, `load_model_of`), records `model_config` plus its settings
+in the manifest, runs (`run_protocol`) and renders the table.
 
 Models: a converted directory (``python -m ports ...``) or a zoo name whose
 weights were converted into ``$JAXSEG_ROBUST_MODELS``; zoo test models that
@@ -69,26 +77,25 @@ def add_flag(parser, name: str, **kwargs):
     return parser.add_argument(*flag_spellings(name), **kwargs)
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
+def _int_at_least(text: str, minimum: int, expected: str) -> int:
+    """``int(text)`` if it is >= ``minimum``; else an ArgumentTypeError "expected <expected>, got ..."."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an int >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
+    return _int_at_least(text, 0, "a non-negative integer")
 
 
 def finite_float(text: str) -> float:
@@ -159,6 +166,51 @@ def add_common_arguments(parser, *, default_batch_size: int, default_frame: str 
     add_model_arguments(parser)
     add_dataset_arguments(parser)
     add_run_arguments(parser, default_batch_size=default_batch_size, default_frame=default_frame)
+
+
+def add_protocol_parser(subparsers, command: str, *, summary: str, description: str, epilog: str,
+                        default_batch_size: int, group_title: str, run: Callable):
+    """Adds a prompt-protocol sub-command: its parser, the common flag groups and its own (empty) group.
+
+    Args:
+      subparsers: argparse sub-parsers of `jaxseg_robust.cli`.
+      command: the sub-command name.
+      summary: one line for ``jaxseg-robust --help``; description: the ``--help`` description.
+      epilog: the ``--help`` examples and exit codes, printed as written.
+      default_batch_size: ``--batch-size`` default.
+      group_title: title of the protocol's flag group.
+      run: ``args -> exit code``, set as the parser's ``func``.
+
+    Returns:
+      (parser, group): the sub-command's parser and its protocol flag group.
+    """
+    parser = subparsers.add_parser(command, help=summary, description=description, epilog=epilog,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser, default_batch_size=default_batch_size)
+    parser.set_defaults(func=run)
+    return parser, parser.add_argument_group(group_title)
+
+
+def add_mode_flag(group, modes: Sequence[str]) -> None:
+    """--mode of an adversarial prompt attack (TETRIS clicks, BREPS boxes): one of ``modes``, default "minmax"."""
+    group.add_argument("--mode", choices=modes, default="minmax", help="protocol (default %(default)s)")
+
+
+def add_attack_step_flags(group, *, n_opt_steps: int, first_iterate: str, lr_mult: float, lr_scale: str) -> None:
+    """--n-opt-steps S and --lr-mult of an adversarial prompt attack's Adam steps (TETRIS clicks, BREPS boxes).
+
+    Args:
+      group: the protocol's argparse group.
+      n_opt_steps: ``--n-opt-steps`` default: evaluated iterates per attack step
+        (``first_iterate`` + S-1 Adam updates).
+      first_iterate: what iterate 0 is, e.g. "per click: the baseline click".
+      lr_mult, lr_scale: ``--lr-mult`` default and what it multiplies in the Adam
+        learning rate (an expression of the image height H and width W in pixels).
+    """
+    add_flag(group, "--n-opt-steps", type=positive_int, default=n_opt_steps, metavar="S",
+             help=f"evaluated iterates {first_iterate} + S-1 Adam updates (default %(default)s)")
+    add_flag(group, "--lr-mult", type=finite_float, default=lr_mult,
+             help=f"Adam lr = lr_mult * {lr_scale} (default %(default)s)")
 
 
 # ---- parsing helpers ---------------------------------------------------------------------
@@ -244,6 +296,25 @@ def load_model(name_or_dir: str, *, random_seed: int | None = None, compute_dtyp
         raise CommandError(f"--model {name_or_dir}: {error}") from None
     except Exception as error:  # noqa: BLE001 - e.g. ports.store.StoreError on a damaged directory
         raise CommandError(f"--model {name_or_dir}: {type(error).__name__}: {error}") from None
+
+
+def load_model_of(args, mesh=None) -> LoadedModel:
+    """`load_model` of the parsed ``--model``, ``--random-weights`` and ``--compute-dtype``."""
+    return load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype, mesh=mesh)
+
+
+def model_config(protocol: str, args, model: LoadedModel, **variant) -> dict:
+    """The manifest config entries every prompt protocol records, in this order.
+
+    ``{"protocol", **variant (e.g. mode=... or kind=...), "model", "model_source",
+    "image_resize", "compute_dtype"}``; the command adds its protocol
+    settings. The weights themselves are pinned by the manifest's model
+    fingerprint: a converted model's path is recorded as "converted" (not the
+    path), so a moved models folder still resumes; random weights as "random:<seed>".
+    """
+    source = model.source if model.source.startswith("random:") else "converted"
+    return {"protocol": protocol, **variant, "model": model.name, "model_source": source,
+            "image_resize": getattr(model.segmenter, "image_resize", None), "compute_dtype": args.compute_dtype}
 
 
 # ---- instances ---------------------------------------------------------------------------
@@ -369,11 +440,9 @@ def print_outcome(summary, table: str, files: Sequence[pathlib.Path], stream=Non
 
 def write_tables(run_dir, markdown: str, csv_text: str, stem: str = "summary") -> list[pathlib.Path]:
     """Writes ``<stem>.md`` and ``<stem>.csv`` into the run directory; returns their paths."""
-    run_dir = pathlib.Path(run_dir)
-    paths = [run_dir / f"{stem}.md", run_dir / f"{stem}.csv"]
-    paths[0].write_text(markdown + "\n", encoding="utf-8")
-    paths[1].write_text(csv_text, encoding="utf-8")
-    return paths
+    from jaxseg_robust.reports.report_files import write_table_files  # noqa: PLC0415
+
+    return list(write_table_files(run_dir, stem, markdown, csv_text).values())
 
 
 def finish(command: str, args, summary, markdown: str, csv_text: str) -> int:
@@ -396,3 +465,25 @@ def finish(command: str, args, summary, markdown: str, csv_text: str) -> int:
     if code == EXIT_FAILURE:
         report_error(command, f"no instance succeeded (see the failures above and {args.out}/records*.jsonl)")
     return code
+
+
+def run_prompt_command(command: str, args, execute: Callable) -> int:
+    """The ``run`` of a prompt-protocol command: ``execute``, then `finish`; errors exit 2.
+
+    Args:
+      command: the sub-command name (for messages).
+      args: parsed flags.
+      execute: ``args -> (summary, markdown, csv_text)``: checks the flags,
+        loads data and model, runs (`run_protocol`) and renders the
+        per-dataset table of the run directory. A `CommandError` or
+        ValueError (bad data files, records of another protocol) it raises is
+        printed as ``jaxseg-robust COMMAND: error: ...``.
+
+    Returns:
+      An exit code of `jaxseg_robust.cli`.
+    """
+    try:
+        summary, markdown, csv_text = execute(args)
+    except (CommandError, ValueError) as error:
+        return report_error(command, str(error))
+    return finish(command, args, summary, markdown, csv_text)

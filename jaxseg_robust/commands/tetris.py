@@ -21,21 +21,22 @@ and ``summary.csv``; ``jaxseg-robust report RUN_DIR`` adds plots.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 from jaxseg_robust.commands.prompt_common import (
     CommandError,
     LoadedModel,
-    add_common_arguments,
+    add_attack_step_flags,
     add_flag,
-    finish,
+    add_mode_flag,
+    add_protocol_parser,
     finite_float,
     load_instances,
-    load_model,
+    load_model_of,
+    model_config,
     non_negative_int,
     positive_int,
-    report_error,
+    run_prompt_command,
     run_protocol,
 )
 
@@ -66,20 +67,17 @@ def register(subparsers) -> None:
     """Adds the ``tetris`` sub-command."""
     from jaxseg_robust.attacks import clicks  # noqa: PLC0415
 
-    parser = subparsers.add_parser(
-        COMMAND, help="TETRIS adversarial clicks (MIN/MAX) and the RITM baseline clicker for SAM-family models",
+    _, group = add_protocol_parser(
+        subparsers, COMMAND,
+        summary="TETRIS adversarial clicks (MIN/MAX) and the RITM baseline clicker for SAM-family models",
         description="TETRIS click robustness: adversarial MIN and MAX click trajectories and the RITM "
                     "baseline clicker of a SAM-family model on RITM-style datasets or any image/mask folder.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser, default_batch_size=DEFAULT_BATCH_SIZE)
-    group = parser.add_argument_group("TETRIS protocol")
-    group.add_argument("--mode", choices=MODES, default="minmax", help="protocol (default %(default)s)")
+        epilog=EPILOG, default_batch_size=DEFAULT_BATCH_SIZE, group_title="TETRIS protocol", run=run)
+    add_mode_flag(group, MODES)
     add_flag(group, "--n-clicks", type=positive_int, default=clicks.DEFAULT_N_CLICKS,
              help="clicks per trajectory (default %(default)s: AuC@10; use 20 with --mode baseline for NoC)")
-    add_flag(group, "--n-opt-steps", type=positive_int, default=clicks.DEFAULT_N_OPT_STEPS, metavar="S",
-             help="evaluated iterates per click: the baseline click + S-1 Adam updates (default %(default)s)")
-    add_flag(group, "--lr-mult", type=finite_float, default=clicks.DEFAULT_LR_MULT,
-             help="Adam lr = lr_mult * 5 * sqrt(H^2 + W^2) / (400 sqrt 2) (default %(default)s)")
+    add_attack_step_flags(group, n_opt_steps=clicks.DEFAULT_N_OPT_STEPS, first_iterate="per click: the baseline click",
+                          lr_mult=clicks.DEFAULT_LR_MULT, lr_scale="5 * sqrt(H^2 + W^2) / (400 sqrt 2)")
     group.add_argument("--thresh", "--thr", dest="thresh", type=finite_float, default=clicks.DEFAULT_THRESHOLD,
                        help="probability threshold of the masks and the clicker (default %(default)s; "
                             "RITM models use 0.49)")
@@ -102,7 +100,6 @@ def register(subparsers) -> None:
              help="the paper's reading: click 1 is the baseline click (not optimised)")
     add_flag(group, "--record-iterates", action="store_true",
              help="store the per-iterate log (points, losses, IoUs of every step) in the records")
-    parser.set_defaults(func=run)
 
 
 # ---- configuration ---------------------------------------------------------------------------
@@ -150,10 +147,8 @@ def tetris_configs(args):
 
 def protocol_config(args, model: LoadedModel, attack, baseline) -> dict:
     """The run configuration recorded in (and compared on resume with) the manifest."""
-    source = model.source if model.source.startswith("random:") else "converted"
-    config = {"protocol": COMMAND, "mode": args.mode, "model": model.name, "model_source": source,
-              "image_resize": getattr(model.segmenter, "image_resize", None), "compute_dtype": args.compute_dtype,
-              "n_clicks": args.n_clicks, "baseline_clicks": 0 if baseline is None else baseline.n_clicks}
+    config = model_config(COMMAND, args, model, mode=args.mode)
+    config.update(n_clicks=args.n_clicks, baseline_clicks=0 if baseline is None else baseline.n_clicks)
     if attack is not None:
         config["attack"] = dataclasses.asdict(attack)
     if baseline is not None:
@@ -215,21 +210,23 @@ def make_batch_function(model: LoadedModel, mode: str, attack, baseline):
     return _click_batch_function_class()(model.segmenter, model.params, mode, attack, baseline)
 
 
-def run(args) -> int:
-    """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
-    from jaxseg_robust.reports.breps import load_run_records  # noqa: PLC0415
+def execute(args) -> tuple:
+    """Checks, loads, runs into ``args.out``; returns (run summary, table Markdown, table CSV) of the run directory."""
+    from jaxseg_robust.reports.report_files import load_run_records  # noqa: PLC0415
     from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
     from jaxseg_robust.reports.tetris import tetris_table, to_csv, to_markdown  # noqa: PLC0415
 
-    try:
-        attack, baseline = tetris_configs(args)
-        instances = load_instances(args)
-        model = load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype)
-        batch_fn = make_batch_function(model, args.mode, attack, baseline)
-        config = protocol_config(args, model, attack, baseline)
-        summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
-                               finalize=with_image_source())
-        table = tetris_table(load_run_records(args.out))
-    except (CommandError, ValueError) as error:
-        return report_error(COMMAND, str(error))
-    return finish(COMMAND, args, summary, to_markdown(table), to_csv(table))
+    attack, baseline = tetris_configs(args)
+    instances = load_instances(args)
+    model = load_model_of(args)
+    batch_fn = make_batch_function(model, args.mode, attack, baseline)
+    config = protocol_config(args, model, attack, baseline)
+    summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
+                           finalize=with_image_source())
+    table = tetris_table(load_run_records(args.out))
+    return summary, to_markdown(table), to_csv(table)
+
+
+def run(args) -> int:
+    """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
+    return run_prompt_command(COMMAND, args, execute)

@@ -5,7 +5,8 @@
 ``payload``) and the protocol mode, and returns one `BrepsRow` per dataset
 (first-seen order) plus, with several datasets, a ``mean`` row averaging the
 dataset rows (the paper also quotes averages over datasets). `to_markdown` /
-`to_csv` render it; `load_run_records` reads a run directory (the only I/O here).
+`to_csv` render it (`jaxseg_robust.reports.tables`); `load_run_records` (kept importable
+here, from `jaxseg_robust.reports.report_files`) reads a run directory.
 
 Columns by mode (spec prompt-attacks §4.6, §4.8, §4.9), each a dataset mean of
 per-instance values, NaNs skipped (an instance whose IoU is undefined, i.e.
@@ -30,17 +31,27 @@ shows them x100 (the papers' convention).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import math
-import pathlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from jaxseg_robust.reports.report_files import load_run_records
+from jaxseg_robust.reports.tables import (
+    MEAN_ROW,
+    DatasetRow,
+    csv_text,
+    exact_values,
+    group_by_dataset,
+    markdown_table,
+    nanmean,
+    number,
+    percent,
+    with_mean_row,
+)
+
 MODES = ("min", "max", "minmax", "tight", "jitter", "user")
-MEAN_ROW = "mean"
 _ATTACK = ("min", "max", "minmax")
 
 # column -> Markdown header, per mode (the CSV has every column of MODE_COLUMNS).
@@ -72,22 +83,7 @@ MARKDOWN_COLUMNS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class BrepsRow:
-    """One dataset's line.
-
-    Attributes:
-      dataset: dataset name (or ``"mean"`` for the average over datasets).
-      ok: instances recorded as ok; failed: instances recorded as failed.
-      undefined: ok instances with a NaN in one of the row's per-instance values.
-      values: column -> fraction in [0, 1] (NaN when nothing defined).
-    """
-
-    dataset: str
-    ok: int
-    failed: int
-    undefined: int
-    values: Mapping[str, float]
+BrepsRow = DatasetRow  # one dataset's line; ``undefined`` counts the instances left out of its means
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,19 +104,8 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
 
 
-def _number(value) -> float:
-    """A record scalar as float (JSON null -> NaN)."""
-    return math.nan if value is None else float(value)
-
-
 def _list(value) -> np.ndarray:
-    return np.array([_number(v) for v in (value or [])], np.float64)
-
-
-def _nanmean(values: Sequence[float]) -> float:
-    array = np.asarray(values, np.float64)
-    array = array[~np.isnan(array)]
-    return float(array.mean()) if array.size else math.nan
+    return np.array([number(v) for v in (value or [])], np.float64)
 
 
 def _user_stats(ious: np.ndarray) -> tuple[float, float]:
@@ -147,7 +132,7 @@ def instance_values(payload: Mapping, mode: str) -> dict[str, float]:
     """
     _check_mode(mode)
     if mode in _ATTACK:
-        values = {"iou_tight": _number(payload["tight_iou"]), "biou_tight": _number(payload["tight_biou"])}
+        values = {"iou_tight": number(payload["tight_iou"]), "biou_tight": number(payload["tight_biou"])}
         for attack in ("min", "max"):
             if mode == "minmax":
                 part = payload[attack]
@@ -155,31 +140,31 @@ def instance_values(payload: Mapping, mode: str) -> dict[str, float]:
                 part = payload
             else:
                 continue
-            values[f"iou_{attack}"] = _number(part["iou"])
-            values[f"biou_{attack}"] = _number(part["biou"])
+            values[f"iou_{attack}"] = number(part["iou"])
+            values[f"biou_{attack}"] = number(part["biou"])
         return values
     if mode == "tight":
-        return {"iou_tight": _number(payload["iou"]), "biou_tight": _number(payload["biou"]),
-                "iou_tight_resized": _number(payload["iou_resized"])}
+        return {"iou_tight": number(payload["iou"]), "biou_tight": number(payload["biou"]),
+                "iou_tight_resized": number(payload["iou_resized"])}
     if mode == "jitter":
-        return {"iou_jitter": _number(payload["mean_iou"]), "biou_jitter": _number(payload["mean_biou"]),
-                "iou_jitter_resized": _number(payload["mean_iou_resized"])}
+        return {"iou_jitter": number(payload["mean_iou"]), "biou_jitter": number(payload["mean_biou"]),
+                "iou_jitter_resized": number(payload["mean_iou_resized"])}
     mean, std = _user_stats(_list(payload["iou"]))
     mean_resized, std_resized = _user_stats(_list(payload["iou_resized"]))
     return {"iou_user": mean, "iou_user_std": std, "iou_user_resized": mean_resized,
             "iou_user_resized_std": std_resized}
 
 
-def _dataset_row(dataset: str, ok_payloads: list[Mapping], failed: int, mode: str) -> BrepsRow:
-    per_instance = [instance_values(payload, mode) for payload in ok_payloads]
+def _dataset_row(dataset: str, per_instance: list[Mapping], failed: int, mode: str) -> BrepsRow:
+    """A dataset's row from its ok instances' `instance_values`."""
     columns = [c for c in MODE_COLUMNS[mode] if not c.endswith("_delta")]
     std_columns = {"iou_user_std", "iou_user_resized_std"}  # an image with one user has no std: not undefined
     undefined = sum(any(math.isnan(v[c]) for c in columns if c not in std_columns) for v in per_instance)
-    values = {c: _nanmean([v[c] for v in per_instance]) for c in columns}
+    values = {c: nanmean([v[c] for v in per_instance]) for c in columns}
     for metric in ("iou", "biou"):
         if f"{metric}_delta" in MODE_COLUMNS[mode]:
             values[f"{metric}_delta"] = values[f"{metric}_max"] - values[f"{metric}_min"]
-    return BrepsRow(dataset, len(ok_payloads), failed, undefined, {c: values[c] for c in MODE_COLUMNS[mode]})
+    return BrepsRow(dataset, len(per_instance), failed, {c: values[c] for c in MODE_COLUMNS[mode]}, undefined)
 
 
 def breps_table(records: Iterable[Mapping], mode: str) -> BrepsTable:
@@ -193,40 +178,17 @@ def breps_table(records: Iterable[Mapping], mode: str) -> BrepsTable:
 
     Returns:
       `BrepsTable`: one row per dataset in first-seen order, then a ``mean``
-      row (mean over the dataset rows of each column, counts summed) when
-      there are several datasets.
+      row (mean over the dataset rows of each column, NaNs skipped, counts
+      summed) when there are several datasets.
 
     Raises:
       ValueError: unknown mode, or an ok record whose payload lacks a field
         of the mode (naming the record).
     """
     _check_mode(mode)
-    ok: dict[str, list] = {}
-    failed: dict[str, int] = {}
-    for record in records:
-        dataset = str(record.get("dataset", ""))
-        ok.setdefault(dataset, [])
-        failed.setdefault(dataset, 0)
-        if record.get("status") == "ok":
-            payload = record.get("payload") or {}
-            try:
-                instance_values(payload, mode)
-            except (KeyError, TypeError) as error:
-                raise ValueError(f"record {dataset}/{record.get('id')} has no field {error} of a BREPS "
-                                 f"{mode!r} run") from None
-            ok[dataset].append(payload)
-        else:
-            failed[dataset] += 1
+    ok, failed = group_by_dataset(records, lambda payload: instance_values(payload, mode), f"BREPS {mode!r} run")
     rows = [_dataset_row(name, ok[name], failed[name], mode) for name in ok]
-    if len(rows) > 1:
-        means = {c: _nanmean([row.values[c] for row in rows]) for c in MODE_COLUMNS[mode]}
-        rows.append(BrepsRow(MEAN_ROW, sum(r.ok for r in rows), sum(r.failed for r in rows),
-                             sum(r.undefined for r in rows), means))
-    return BrepsTable(mode, tuple(rows))
-
-
-def _percent(value: float) -> str:
-    return "nan" if math.isnan(value) else f"{100.0 * value:.2f}"
+    return BrepsTable(mode, with_mean_row(rows, MODE_COLUMNS[mode]))
 
 
 def to_markdown(table: BrepsTable) -> str:
@@ -234,33 +196,17 @@ def to_markdown(table: BrepsTable) -> str:
     columns = MARKDOWN_COLUMNS[table.mode]
     undefined = any(row.undefined for row in table.rows)
     headers = ["dataset", "ok", "failed"] + [HEADERS[c] for c in columns] + (["undefined"] if undefined else [])
-    lines = ["| " + " | ".join(headers) + " |",
-             "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
-    for row in table.rows:
-        cells = [row.dataset, str(row.ok), str(row.failed)] + [_percent(row.values[c]) for c in columns]
-        if undefined:
-            cells.append(str(row.undefined))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + f"\n\nIoU x100, mode {table.mode}" + (
+    cells = [[row.dataset, str(row.ok), str(row.failed)] + [percent(row.values[c]) for c in columns]
+             + ([str(row.undefined)] if undefined else []) for row in table.rows]
+    return markdown_table(headers, cells) + f"\n\nIoU x100, mode {table.mode}" + (
         "; undefined = instances with an empty union (NaN), left out of the means" if undefined else "")
 
 
 def to_csv(table: BrepsTable) -> str:
     """CSV text: dataset, ok, failed, undefined, every column of the mode as a fraction (repr precision)."""
-    handle = io.StringIO()
-    writer = csv.writer(handle, lineterminator="\n")
-    writer.writerow(["dataset", "ok", "failed", "undefined", *table.columns])
-    for row in table.rows:
-        writer.writerow([row.dataset, row.ok, row.failed, row.undefined,
-                         *(repr(float(row.values[c])) for c in table.columns)])
-    return handle.getvalue()
-
-
-def load_run_records(run_dir) -> list[dict]:
-    """The latest record of every instance of a run directory (all processes' files)."""
-    from jaxseg_robust.runner.records import latest_records, read_run_records  # noqa: PLC0415
-
-    return list(latest_records(read_run_records(pathlib.Path(run_dir))).values())
+    return csv_text(["dataset", "ok", "failed", "undefined", *table.columns],
+                    ([row.dataset, row.ok, row.failed, row.undefined, *exact_values(row, table.columns)]
+                     for row in table.rows))
 
 
 __all__ = ["MODES", "MEAN_ROW", "HEADERS", "MODE_COLUMNS", "BrepsRow", "BrepsTable", "instance_values",

@@ -23,18 +23,34 @@ tight box size, min and max marked) and the corner heatmap over the image
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
-import math
 import pathlib
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from jaxseg_robust.reports.report_files import (
+    example_records,
+    load_run_records,
+    report_folder,
+    safe_name,
+    write_report_page,
+    write_table_files,
+)
+from jaxseg_robust.reports.tables import (
+    DatasetRow,
+    csv_text,
+    exact_values,
+    group_by_dataset,
+    markdown_table,
+    nanmean,
+    number,
+    percent,
+    with_mean_row,
+)
+
 PROTOCOL = "grid"
 KINDS = ("click", "box")
-MEAN_ROW = "mean"
 COLUMNS = {
     "click": ("iou_min", "iou_max", "iou_base", "biou_min", "biou_max", "biou_base"),
     "box": ("iou_min", "iou_max", "iou_tight", "biou_min", "biou_max", "biou_tight"),
@@ -47,14 +63,7 @@ _PAYLOAD_FIELDS = {"iou_min": "iou_min", "iou_max": "iou_max", "biou_min": "biou
                    "biou_tight": "tight_biou"}
 
 
-@dataclasses.dataclass(frozen=True)
-class GridRow:
-    """One dataset's line: name, ok / failed counts, column -> mean value (fraction)."""
-
-    dataset: str
-    ok: int
-    failed: int
-    values: Mapping[str, float]
+GridRow = DatasetRow  # one dataset's line: name, ok / failed counts, column -> mean value (fraction)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,16 +79,6 @@ class GridTable:
         return COLUMNS[self.kind]
 
 
-def _number(value) -> float:
-    return math.nan if value is None else float(value)
-
-
-def _nanmean(values) -> float:
-    array = np.asarray(values, np.float64)
-    array = array[~np.isnan(array)]
-    return float(array.mean()) if array.size else math.nan
-
-
 def grid_table(records: Iterable[Mapping], kind: str) -> GridTable:
     """The per-dataset table of a grid run (pure).
 
@@ -88,51 +87,30 @@ def grid_table(records: Iterable[Mapping], kind: str) -> GridTable:
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
-    ok: dict[str, list] = {}
-    failed: dict[str, int] = {}
-    for record in records:
-        dataset = str(record.get("dataset", ""))
-        ok.setdefault(dataset, [])
-        failed.setdefault(dataset, 0)
-        if record.get("status") != "ok":
-            failed[dataset] += 1
-            continue
-        payload = record.get("payload") or {}
-        try:
-            ok[dataset].append({c: _number(payload[_PAYLOAD_FIELDS[c]]) for c in COLUMNS[kind]})
-        except KeyError as error:
-            raise ValueError(f"record {dataset}/{record.get('id')} has no field {error} of a {kind} grid") from None
-    rows = [GridRow(name, len(ok[name]), failed[name], {c: _nanmean([v[c] for v in ok[name]]) for c in COLUMNS[kind]})
+
+    def scalars(payload: Mapping) -> dict[str, float]:
+        return {c: number(payload[_PAYLOAD_FIELDS[c]]) for c in COLUMNS[kind]}
+
+    ok, failed = group_by_dataset(records, scalars, f"{kind} grid")
+    rows = [GridRow(name, len(ok[name]), failed[name], {c: nanmean([v[c] for v in ok[name]]) for c in COLUMNS[kind]})
             for name in ok]
-    if len(rows) > 1:
-        rows.append(GridRow(MEAN_ROW, sum(r.ok for r in rows), sum(r.failed for r in rows),
-                            {c: _nanmean([r.values[c] for r in rows]) for c in COLUMNS[kind]}))
-    return GridTable(kind, tuple(rows))
-
-
-def _percent(value: float) -> str:
-    return "nan" if math.isnan(value) else f"{100.0 * value:.2f}"
+    return GridTable(kind, with_mean_row(rows, COLUMNS[kind]))
 
 
 def to_markdown(table: GridTable) -> str:
     """Markdown table: dataset, ok, failed, the kind's columns x100."""
     headers = ["dataset", "ok", "failed"] + [HEADERS[c] for c in table.columns]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
-    for row in table.rows:
-        lines.append("| " + " | ".join([row.dataset, str(row.ok), str(row.failed)]
-                                       + [_percent(row.values[c]) for c in table.columns]) + " |")
+    cells = ([row.dataset, str(row.ok), str(row.failed)] + [percent(row.values[c]) for c in table.columns]
+             for row in table.rows)
     what = "single clicks over the grid" if table.kind == "click" else "centred boxes over (h, w)"
-    return "\n".join(lines) + f"\n\nIoU x100, {table.kind} grid: per-instance min / max over {what}, dataset means"
+    note = f"\n\nIoU x100, {table.kind} grid: per-instance min / max over {what}, dataset means"
+    return markdown_table(headers, cells) + note
 
 
 def to_csv(table: GridTable) -> str:
     """CSV: dataset, ok, failed, the kind's columns (fractions, repr precision)."""
-    handle = io.StringIO()
-    writer = csv.writer(handle, lineterminator="\n")
-    writer.writerow(["dataset", "ok", "failed", *table.columns])
-    for row in table.rows:
-        writer.writerow([row.dataset, row.ok, row.failed, *(repr(float(row.values[c])) for c in table.columns)])
-    return handle.getvalue()
+    return csv_text(["dataset", "ok", "failed", *table.columns],
+                    ([row.dataset, row.ok, row.failed, *exact_values(row, table.columns)] for row in table.rows))
 
 
 def load_heatmaps(run_dir, payload: Mapping) -> dict | None:
@@ -147,11 +125,14 @@ def load_heatmaps(run_dir, payload: Mapping) -> dict | None:
         return {name: data[name] for name in data.files}
 
 
-def _point(value):
-    """(row, col) or (h, w) record pair -> None when absent (-1)."""
-    if value is None or min(value) < 0:
-        return None
-    return value
+def _markers(payload: Mapping, labelled_fields) -> dict[str, tuple]:
+    """label -> (x, y) plot position of each recorded (row, col) / (h, w) pair; absent pairs (None, -1) skipped."""
+    markers = {}
+    for label, field in labelled_fields:
+        pair = payload.get(field)
+        if pair is not None and min(pair) >= 0:
+            markers[label] = (pair[1], pair[0])  # (x, y) = (col, row) or (w, h)
+    return markers
 
 
 def plot_click_grid(record: Mapping, maps: Mapping, path, image=None) -> pathlib.Path:
@@ -159,13 +140,9 @@ def plot_click_grid(record: Mapping, maps: Mapping, path, image=None) -> pathlib
     from jaxseg_robust.reports.figures import plot_heatmap  # noqa: PLC0415
 
     payload = record["payload"]
-    markers = {}
-    for label, key in (("baseline click", "baseline_click"), ("min", "iou_argmin"), ("max", "iou_argmax")):
-        point = _point(payload.get(key))
-        if point is not None:
-            markers[label] = (point[1], point[0])  # (x, y) = (col, row)
-    title = (f"{record['dataset']}/{record['id']}\nIoU of one click: min {_percent(_number(payload['iou_min']))}, "
-             f"max {_percent(_number(payload['iou_max']))}, baseline {_percent(_number(payload['baseline_iou']))}")
+    markers = _markers(payload, (("baseline click", "baseline_click"), ("min", "iou_argmin"), ("max", "iou_argmax")))
+    title = (f"{record['dataset']}/{record['id']}\nIoU of one click: min {percent(number(payload['iou_min']))}, "
+             f"max {percent(number(payload['iou_max']))}, baseline {percent(number(payload['baseline_iou']))}")
     return plot_heatmap(maps["iou"], path, x_coords=maps["cols"], y_coords=maps["rows"], title=title,
                         xlabel="click x (px)", ylabel="click y (px)", colour_label="IoU", image=image, markers=markers,
                         anchor="start")
@@ -176,13 +153,9 @@ def plot_box_grid(record: Mapping, maps: Mapping, path) -> pathlib.Path:
     from jaxseg_robust.reports.figures import plot_heatmap  # noqa: PLC0415
 
     payload = record["payload"]
-    markers = {}
-    for label, key in (("tight box", "tight_hw"), ("min", "iou_argmin_hw"), ("max", "iou_argmax_hw")):
-        point = _point(payload.get(key))
-        if point is not None:
-            markers[label] = (point[1], point[0])  # (x, y) = (w, h)
-    title = (f"{record['dataset']}/{record['id']}\nIoU of centred boxes: min {_percent(_number(payload['iou_min']))}, "
-             f"max {_percent(_number(payload['iou_max']))}, tight {_percent(_number(payload['tight_iou']))}")
+    markers = _markers(payload, (("tight box", "tight_hw"), ("min", "iou_argmin_hw"), ("max", "iou_argmax_hw")))
+    title = (f"{record['dataset']}/{record['id']}\nIoU of centred boxes: min {percent(number(payload['iou_min']))}, "
+             f"max {percent(number(payload['iou_max']))}, tight {percent(number(payload['tight_iou']))}")
     return plot_heatmap(maps["iou"], path, x_coords=maps["widths"], y_coords=maps["heights"], title=title,
                         xlabel="box width w (px)", ylabel="box height h (px)", colour_label="IoU", markers=markers)
 
@@ -208,32 +181,20 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4, kind: str | No
       max_examples: heatmap plots per dataset.
       kind: "click" / "box" (default: the manifest's).
     """
-    from jaxseg_robust.reports.breps import load_run_records  # noqa: PLC0415
     from jaxseg_robust.reports.sources import load_source_image  # noqa: PLC0415
-    from jaxseg_robust.reports.tetris import failed_lines, safe_name  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
 
     if kind is None:
         kind = read_manifest(run_dir)["config"]["kind"]
     records = load_run_records(run_dir)
-    out = pathlib.Path(out_dir) if out_dir is not None else pathlib.Path(run_dir) / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(run_dir, out_dir)
     table = grid_table(records, kind)
     markdown = to_markdown(table)
-    paths = {"grid_md": out / "grid.md", "grid_csv": out / "grid.csv"}
-    paths["grid_md"].write_text(markdown + "\n", encoding="utf-8")
-    paths["grid_csv"].write_text(to_csv(table), encoding="utf-8")
+    paths = write_table_files(out, "grid", markdown, to_csv(table))
     parts = [f"# {kind.capitalize()} grid", "", markdown, ""]
-    shown: dict[str, int] = {}
-    missing = []
-    for record in records:
-        if record.get("status") != "ok" or shown.get(record["dataset"], 0) >= max_examples:
-            continue
-        maps = load_heatmaps(run_dir, record["payload"])
-        if maps is None:
-            missing.append(f"{record['dataset']}/{record['id']}")
-            continue
-        shown[record["dataset"]] = shown.get(record["dataset"], 0) + 1
+    missing: list[str] = []
+    for record, maps in example_records(records, max_examples, lambda r: load_heatmaps(run_dir, r["payload"]),
+                                        missing):
         name = f"{safe_name(record['dataset'])}_{safe_name(record['id'])}"
         image = load_source_image(record["payload"])
         if kind == "click":
@@ -247,12 +208,7 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4, kind: str | No
                 parts += [f"![{record['id']} corners]({paths[f'corners_{name}'].name})", ""]
     if missing:
         parts += ["Heatmap files missing for: " + ", ".join(missing), ""]
-    failed = failed_lines(records)
-    if failed:
-        parts += ["## Failed instances", "", *failed, ""]
-    paths["report"] = out / "report.md"
-    paths["report"].write_text("\n".join(parts), encoding="utf-8")
-    return paths
+    return write_report_page(out, parts, records, paths)
 
 
 __all__ = ["PROTOCOL", "KINDS", "COLUMNS", "GridRow", "GridTable", "grid_table", "to_markdown", "to_csv",

@@ -38,12 +38,13 @@ import numpy as np
 
 from jaxseg_robust.attacks.perturb.ensemble import CANDIDATE_LABELS, aggregate, battery_table
 from jaxseg_robust.attacks.perturb.common import per_image_scores
+from jaxseg_robust.reports import tables
+from jaxseg_robust.reports.report_files import report_folder
 from jaxseg_robust.runner.records import STATUS_OK, latest_records, read_run_records
 from jaxseg_robust.runner.rundir import read_manifest
 
 PROTOCOL = "perturb"
 EXAMPLES_DIR = "examples"
-REPORT_DIR = "report"
 METRIC_COLUMNS = ("accuracy", "cmiou", "nmiou")
 
 
@@ -181,12 +182,8 @@ def _format(value) -> str:
 def markdown_table(rows: Sequence[Mapping], columns: Sequence[str], headers: Sequence[str] | None = None,
                    percent: Sequence[str] = METRIC_COLUMNS) -> str:
     """A Markdown table; ``percent`` columns are shown as percentages with two decimals."""
-    headers = list(headers or columns)
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for row in rows:
-        cells = [_format(row[c]) if c in percent else str(row[c]) for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    cells = ([_format(row[c]) if c in percent else str(row[c]) for c in columns] for row in rows)
+    return tables.markdown_table(list(headers or columns), cells, align_numbers=False)
 
 
 def summary_markdown(run: PerturbRun) -> str:
@@ -281,8 +278,7 @@ def write_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
       out_dir: where to write (default ``RUN_DIR/report``).
     """
     run = load_run(run_dir)
-    out = pathlib.Path(out_dir) if out_dir is not None else run.run_dir / REPORT_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(run.run_dir, out_dir)
     paths = {"table_md": out / "table.md", "table_csv": out / "table.csv", "wins_csv": out / "wins.csv",
              "report": out / "report.md"}
     rows = metric_rows(run)

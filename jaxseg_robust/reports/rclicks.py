@@ -26,6 +26,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from jaxseg_robust.metrics.rclicks_benchmark import DatasetBenchmark
+from jaxseg_robust.reports.report_files import write_table_files
+from jaxseg_robust.reports.tables import markdown_table
 
 __all__ = ["CSV_COLUMNS", "table_rows", "to_markdown", "to_csv", "group_index_map", "plot_clicking_groups",
            "write_tables"]
@@ -75,7 +77,7 @@ def to_markdown(benchmarks: Mapping[str, DatasetBenchmark]) -> str:
               "NoF20@90 Sample", "NoF Base", "IoU-AuC20 Sample", "AuC Base", "NSR@20"]
     if with_users:
         header += ["User IoU@1", "Sample IoU@1", "Base IoU@1", "NSR@1"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cell_rows = []
     for r in rows:
         cells = [r["dataset"], str(r["instances"]),
                  _fmt(r["noc_sample"], "%.2f") + "±" + _fmt(r["noc_sample_std"], "%.2f"),
@@ -89,8 +91,8 @@ def to_markdown(benchmarks: Mapping[str, DatasetBenchmark]) -> str:
             cells += [_fmt(r["user_iou_at_1"], "%.2f", 100) + "±" + _fmt(r["user_iou_at_1_std"], "%.2f", 100),
                       _fmt(r["sample_iou_at_1"], "%.2f", 100) + "±" + _fmt(r["sample_iou_at_1_std"], "%.2f", 100),
                       _fmt(r["base_iou_at_1"], "%.2f", 100), _fmt(r["user_nsr_at_1"], "%.2f", 100)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        cell_rows.append(cells)
+    return markdown_table(header, cell_rows, align_numbers=False)
 
 
 def to_csv(benchmarks: Mapping[str, DatasetBenchmark]) -> str:
@@ -107,10 +109,7 @@ def write_tables(benchmarks: Mapping[str, DatasetBenchmark], out_dir) -> list[pa
     """Writes ``rclicks_noc.md`` and ``rclicks_noc.csv`` into ``out_dir``; returns their paths."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    markdown, table = out_dir / "rclicks_noc.md", out_dir / "rclicks_noc.csv"
-    markdown.write_text(to_markdown(benchmarks) + "\n", encoding="utf-8")
-    table.write_text(to_csv(benchmarks), encoding="utf-8")
-    return [markdown, table]
+    return list(write_table_files(out_dir, "rclicks_noc", to_markdown(benchmarks), to_csv(benchmarks)).values())
 
 
 def group_index_map(clickability, num_groups: int = 10) -> np.ndarray:

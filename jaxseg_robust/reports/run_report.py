@@ -27,8 +27,17 @@ import importlib
 import pathlib
 from collections.abc import Callable
 
+from jaxseg_robust.reports.report_files import (
+    REPORT_DIR,
+    example_records,
+    load_run_records,
+    report_folder,
+    safe_name,
+    write_report_page,
+    write_table_files,
+)
+
 MANIFEST = "manifest.json"
-REPORT_DIR = "report"
 
 
 class ReportError(ValueError):
@@ -82,42 +91,26 @@ def write_breps_report(run_dir, out_dir, *, max_examples: int = 4) -> dict[str, 
     from jaxseg_robust.reports import breps  # noqa: PLC0415
     from jaxseg_robust.reports.figures import plot_prompts  # noqa: PLC0415
     from jaxseg_robust.reports.sources import load_source_image  # noqa: PLC0415
-    from jaxseg_robust.reports.tetris import failed_lines, safe_name  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
 
     mode = read_manifest(run_dir)["config"]["mode"]
-    records = breps.load_run_records(run_dir)
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    records = load_run_records(run_dir)
+    out = report_folder(run_dir, out_dir)
     table = breps.breps_table(records, mode)
     markdown = breps.to_markdown(table)
-    paths = {"breps_md": out / "breps.md", "breps_csv": out / "breps.csv"}
-    paths["breps_md"].write_text(markdown + "\n", encoding="utf-8")
-    paths["breps_csv"].write_text(breps.to_csv(table), encoding="utf-8")
+    paths = write_table_files(out, "breps", markdown, breps.to_csv(table))
     parts = ["# BREPS box robustness", "", markdown, ""]
     if mode in ("min", "max", "minmax"):
-        shown: dict[str, int] = {}
-        unrecorded = 0
-        for record in records:
-            if record.get("status") != "ok" or shown.get(record["dataset"], 0) >= max_examples:
-                continue
-            image = load_source_image(record["payload"])
-            if image is None:
-                unrecorded += 1
-                continue
-            shown[record["dataset"]] = shown.get(record["dataset"], 0) + 1
+        unrecorded: list[str] = []
+        for record, image in example_records(records, max_examples, lambda r: load_source_image(r["payload"]),
+                                             unrecorded):
             key = f"boxes_{safe_name(record['dataset'])}_{safe_name(record['id'])}"
             paths[key] = plot_prompts(image, out / f"{key}.png", boxes=_breps_boxes(record["payload"], mode),
                                       title=f"{record['dataset']}/{record['id']}\ntight and adversarial boxes")
             parts += [f"![{record['id']}]({paths[key].name})", ""]
         if unrecorded:
-            parts += [f"{unrecorded} instance(s) without a recorded image source: no box plot.", ""]
-    failed = failed_lines(records)
-    if failed:
-        parts += ["## Failed instances", "", *failed, ""]
-    paths["report"] = out / "report.md"
-    paths["report"].write_text("\n".join(parts), encoding="utf-8")
-    return paths
+            parts += [f"{len(unrecorded)} instance(s) without a recorded image source: no box plot.", ""]
+    return write_report_page(out, parts, records, paths)
 
 
 # ---- RClicks and perturb: their own modules --------------------------------------------------------
@@ -126,14 +119,11 @@ def write_rclicks_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
     """RClicks NoC table (`reports.rclicks.write_tables`) over the run's ok records."""
     from jaxseg_robust.metrics.rclicks_benchmark import benchmark_by_dataset  # noqa: PLC0415
     from jaxseg_robust.reports import rclicks  # noqa: PLC0415
-    from jaxseg_robust.reports.breps import load_run_records  # noqa: PLC0415
-    from jaxseg_robust.reports.tetris import failed_lines  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
 
     settings = read_manifest(run_dir)["config"].get("settings") or {}
     records = load_run_records(run_dir)
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(run_dir, out_dir)
     options = {"num_clicks": int(settings["num_rounds"])} if settings.get("num_rounds") else {}
     benchmarks = benchmark_by_dataset(records, **options)
     paths = {}
@@ -144,12 +134,7 @@ def write_rclicks_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
         parts += [rclicks.to_markdown(benchmarks), ""]
     else:
         parts += ["(no instance evaluated)", ""]
-    failed = failed_lines(records)
-    if failed:
-        parts += ["## Failed instances", "", *failed, ""]
-    paths["report"] = out / "report.md"
-    paths["report"].write_text("\n".join(parts), encoding="utf-8")
-    return paths
+    return write_report_page(out, parts, records, paths)
 
 
 def write_perturb_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
@@ -159,9 +144,7 @@ def write_perturb_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
     except ModuleNotFoundError as error:
         if error.name != "jaxseg_robust.reports.perturb":
             raise
-        out = pathlib.Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "report.md"
+        path = report_folder(run_dir, out_dir) / "report.md"
         path.write_text("# Perturbation attacks\n\nThe perturb report module is not installed; no report.\n",
                         encoding="utf-8")
         return {"report": path}

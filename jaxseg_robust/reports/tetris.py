@@ -29,21 +29,35 @@ instances).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import math
 import pathlib
-import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+
+from jaxseg_robust.reports.report_files import (
+    failed_lines,
+    load_run_records,
+    report_folder,
+    safe_name,
+    write_report_page,
+    write_table_files,
+)
+from jaxseg_robust.reports.tables import (
+    DatasetRow,
+    csv_text,
+    exact_values,
+    group_by_dataset,
+    markdown_table,
+    number,
+    with_mean_row,
+)
 
 PROTOCOL = "tetris"
 TRAJECTORIES = ("min", "baseline", "max")
 AUC_CLICKS = 10
 NOC_THRESHOLDS = (0.85, 0.9)
-MEAN_ROW = "mean"
 ATTACK_COLUMNS = ("iou_min", "iou_max", "iou_delta", "biou_min", "biou_max", "biou_delta")
 BASELINE_COLUMNS = ("iou_base", "biou_base", "noc85", "noc90", "nof85", "nof90")
 HEADERS = {"iou_min": "IoU-AuC Min", "iou_max": "IoU-AuC Max", "iou_delta": "IoU-AuC Δ",
@@ -53,14 +67,7 @@ HEADERS = {"iou_min": "IoU-AuC Min", "iou_max": "IoU-AuC Max", "iou_delta": "IoU
 _UNSCALED = {"noc85", "noc90", "nof85", "nof90"}
 
 
-@dataclasses.dataclass(frozen=True)
-class TetrisRow:
-    """One dataset's line: name, ok / failed counts, column -> value (fractions; NoC in clicks)."""
-
-    dataset: str
-    ok: int
-    failed: int
-    values: Mapping[str, float]
+TetrisRow = DatasetRow  # one dataset's line: name, ok / failed counts, column -> value (fractions; NoC in clicks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +113,7 @@ def _trajectories(payloads: Sequence[Mapping]) -> tuple[str, ...]:
 
 def _nan_curves(payloads: Sequence[Mapping], trajectory: str) -> list[dict]:
     """The trajectory's ``iou`` / ``biou`` curves with JSON nulls as NaN (`trajectory_scores` input)."""
-    return [{metric: [math.nan if v is None else float(v) for v in p[trajectory][metric]]
-             for metric in ("iou", "biou")} for p in payloads]
+    return [{metric: [number(v) for v in p[trajectory][metric]] for metric in ("iou", "biou")} for p in payloads]
 
 
 def _dataset_values(payloads: Sequence[Mapping], trajectories: Sequence[str], auc_clicks: int,
@@ -147,16 +153,7 @@ def tetris_table(records: Iterable[Mapping]) -> TetrisTable:
     Raises:
       ValueError: ok records without any trajectory, or with fewer than 2 clicks.
     """
-    ok: dict[str, list] = {}
-    failed: dict[str, int] = {}
-    for record in records:
-        dataset = str(record.get("dataset", ""))
-        ok.setdefault(dataset, [])
-        failed.setdefault(dataset, 0)
-        if record.get("status") == "ok":
-            ok[dataset].append(record.get("payload") or {})
-        else:
-            failed[dataset] += 1
+    ok, failed = group_by_dataset(records)
     every = [p for payloads in ok.values() for p in payloads]
     trajectories = _trajectories(every)
     clicks = {name: min(_clicks_of(p, name) for p in every) for name in trajectories}
@@ -170,13 +167,7 @@ def tetris_table(records: Iterable[Mapping]) -> TetrisTable:
         values = _dataset_values(ok[dataset], trajectories, auc_clicks, noc_clicks)
         rows.append(TetrisRow(dataset, len(ok[dataset]), failed[dataset],
                               {c: values.get(c, math.nan) for c in table.columns}))
-    if len(rows) > 1:
-        means = {}
-        for column in table.columns:
-            column_values = np.array([row.values[column] for row in rows if row.ok], np.float64)
-            means[column] = float(column_values.mean()) if column_values.size else math.nan
-        rows.append(TetrisRow(MEAN_ROW, sum(r.ok for r in rows), sum(r.failed for r in rows), means))
-    return dataclasses.replace(table, rows=tuple(rows))
+    return dataclasses.replace(table, rows=with_mean_row(rows, table.columns, skip_nan=False))
 
 
 def _cell(column: str, value: float) -> str:
@@ -193,42 +184,31 @@ def _header(column: str, table: TetrisTable) -> str:
 def to_markdown(table: TetrisTable) -> str:
     """Markdown table: dataset, ok, failed, the columns (AuC x100; NoC, NoF as numbers)."""
     headers = ["dataset", "ok", "failed"] + [_header(c, table) for c in table.columns]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
-    for row in table.rows:
-        cells = [row.dataset, str(row.ok), str(row.failed)] + [_cell(c, row.values[c]) for c in table.columns]
-        lines.append("| " + " | ".join(cells) + " |")
+    cells = ([row.dataset, str(row.ok), str(row.failed)] + [_cell(c, row.values[c]) for c in table.columns]
+             for row in table.rows)
     note = f"\n\nAuC@{table.auc_clicks} x100 (AuC of the mean per-click curve)"
     if "baseline" in table.trajectories:
         note += f"; NoC / NoF over {table.noc_clicks} baseline clicks"
-    return "\n".join(lines) + note
+    return markdown_table(headers, cells) + note
 
 
 def to_csv(table: TetrisTable) -> str:
     """CSV: dataset, ok, failed, auc_clicks, noc_clicks, every column (fractions; repr precision)."""
-    handle = io.StringIO()
-    writer = csv.writer(handle, lineterminator="\n")
-    writer.writerow(["dataset", "ok", "failed", "auc_clicks", "noc_clicks", *table.columns])
-    for row in table.rows:
-        writer.writerow([row.dataset, row.ok, row.failed, table.auc_clicks, table.noc_clicks,
-                         *(repr(float(row.values[c])) for c in table.columns)])
-    return handle.getvalue()
+    return csv_text(["dataset", "ok", "failed", "auc_clicks", "noc_clicks", *table.columns],
+                    ([row.dataset, row.ok, row.failed, table.auc_clicks, table.noc_clicks,
+                      *exact_values(row, table.columns)] for row in table.rows))
 
 
 def mean_curves(payloads: Sequence[Mapping], trajectories: Sequence[str], metric: str = "iou") -> dict:
     """trajectory -> float[K] mean per-click curve over the payloads (NaN-skipping per click)."""
     curves = {}
     for trajectory in trajectories:
-        rows = [[math.nan if v is None else float(v) for v in p[trajectory][metric]] for p in payloads]
+        rows = [[number(v) for v in p[trajectory][metric]] for p in payloads]
         length = min(len(r) for r in rows)
         stacked = np.array([r[:length] for r in rows], np.float64)
         with np.errstate(invalid="ignore"):
             curves[trajectory] = np.nanmean(stacked, axis=0) if np.isfinite(stacked).any() else stacked[0]
     return curves
-
-
-def safe_name(text: str) -> str:
-    """A file-name-safe version of a dataset or instance name."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("_") or "x"
 
 
 def _click_plot(record: Mapping, trajectories: Sequence[str], path: pathlib.Path):
@@ -249,11 +229,6 @@ def _click_plot(record: Mapping, trajectories: Sequence[str], path: pathlib.Path
     return plot_prompts(image, path, clicks=clicks, title=title)
 
 
-def failed_lines(records: Iterable[Mapping]) -> list[str]:
-    """``- dataset/id: error`` for every failed record."""
-    return [f"- {r.get('dataset')}/{r.get('id')}: {r.get('error')}" for r in records if r.get("status") != "ok"]
-
-
 def write_report(run_dir, out_dir=None, *, max_examples: int = 4) -> dict[str, pathlib.Path]:
     """Writes the TETRIS report of a run directory; returns name -> path.
 
@@ -262,17 +237,13 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4) -> dict[str, p
       out_dir: output folder (default ``RUN_DIR/report``).
       max_examples: click plots per dataset (instances in record order).
     """
-    from jaxseg_robust.reports.breps import load_run_records  # noqa: PLC0415
     from jaxseg_robust.reports.figures import plot_curves  # noqa: PLC0415
 
     records = load_run_records(run_dir)
-    out = pathlib.Path(out_dir) if out_dir is not None else pathlib.Path(run_dir) / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(run_dir, out_dir)
     table = tetris_table(records)
-    paths = {"tetris_md": out / "tetris.md", "tetris_csv": out / "tetris.csv"}
     markdown = to_markdown(table)
-    paths["tetris_md"].write_text(markdown + "\n", encoding="utf-8")
-    paths["tetris_csv"].write_text(to_csv(table), encoding="utf-8")
+    paths = write_table_files(out, "tetris", markdown, to_csv(table))
     parts = ["# TETRIS click robustness", "", markdown, ""]
     by_dataset: dict[str, list] = {}
     for record in records:
@@ -290,12 +261,7 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4) -> dict[str, p
             if path is not None:
                 paths[key] = path
                 parts += [f"![{record['id']}]({path.name})", ""]
-    failed = failed_lines(records)
-    if failed:
-        parts += ["## Failed instances", "", *failed, ""]
-    paths["report"] = out / "report.md"
-    paths["report"].write_text("\n".join(parts), encoding="utf-8")
-    return paths
+    return write_report_page(out, parts, records, paths)
 
 
 __all__ = ["PROTOCOL", "TRAJECTORIES", "TetrisRow", "TetrisTable", "tetris_table", "to_markdown", "to_csv",
