@@ -162,6 +162,7 @@ def plot_prompts(image, path, *, clicks: Mapping[str, tuple] | None = None,
     Returns:
       The written path.
     """
+    from matplotlib import patheffects  # noqa: PLC0415
     from matplotlib.patches import Rectangle  # noqa: PLC0415
 
     image = np.asarray(image)
@@ -183,8 +184,12 @@ def plot_prompts(image, path, *, clicks: Mapping[str, tuple] | None = None,
     for index, (label, box) in enumerate((boxes or {}).items()):
         x1, y1, x2, y2 = (float(v) for v in box)
         colour = BOX_COLOURS[index % len(BOX_COLOURS)]
+        # a black under-stroke keeps every box visible on any image colour; the first box (the
+        # reference: tight / user box) is dashed
         axes.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=colour, linewidth=1.5,
-                                 label=label))
+                                 linestyle="--" if index == 0 else "-", label=label, zorder=2,
+                                 path_effects=[patheffects.Stroke(linewidth=3.0, foreground="black"),
+                                               patheffects.Normal()]))
     if clicks or boxes:
         axes.legend(loc="upper right", fontsize=7, framealpha=0.7)
     axes.set_xlim(-0.5, image.shape[1] - 0.5)
