@@ -15,6 +15,7 @@ underscores, e.g. ``--batch-size`` / ``--batch_size``):
             --mask-rule, --mask-ignore, --tetris-max-side, --limit N
   run       --out RUN_DIR, --batch-size, --frame, --progress, --retry-failed,
             --allow-manifest-mismatch, --abort-after
+  processes --distributed, --process-index I --process-count N (`start_processes`)
   attack    --mode (`add_mode_flag`), --n-opt-steps S, --lr-mult (`add_attack_step_flags`):
             TETRIS and BREPS
 
@@ -159,6 +160,47 @@ def add_run_arguments(parser, *, default_batch_size: int, default_frame: str = "
              help="resume into a run directory made with other settings (differences are logged)")
     add_flag(group, "--abort-after", type=positive_int, default=32, metavar="N",
              help="stop after N instances in a row fail in the model (a systematic error; default %(default)s)")
+    processes = parser.add_argument_group(
+        "processes", "split one run over several processes or hosts sharing RUN_DIR (each evaluates the "
+                     "instances it owns and appends to its own records.process<I>.jsonl; any rerun resumes)")
+    add_flag(processes, "--distributed", action="store_true",
+             help="call jax.distributed.initialize() first (multi-host; the cluster is detected from the "
+                  "environment, e.g. SLURM or Cloud TPU); the share is this process's jax.process_index()")
+    add_flag(processes, "--process-index", type=non_negative_int, default=None, metavar="I",
+             help="without jax.distributed: this job's share I of --process-count independent jobs")
+    add_flag(processes, "--process-count", type=positive_int, default=None, metavar="N",
+             help="number of independent jobs splitting the run (with --process-index)")
+
+
+def start_processes(args) -> tuple[int | None, int | None]:
+    """Checks the process flags and starts ``jax.distributed`` when asked; call before anything uses JAX.
+
+    Args:
+      args: parsed flags with ``distributed``, ``process_index``, ``process_count``.
+
+    Returns:
+      ``(process_index, process_count)`` for the engine: both None (one
+      process, or ``--distributed``: the engine asks JAX) or the given share.
+
+    Raises:
+      CommandError: naming the flag (one of the pair missing, I >= N, a
+        share given together with --distributed, or no cluster to join).
+    """
+    index, count = getattr(args, "process_index", None), getattr(args, "process_count", None)
+    if (index is None) != (count is None):
+        raise CommandError("--process-index and --process-count go together")
+    if index is not None and index >= count:
+        raise CommandError(f"--process-index must be < --process-count ({count}); got {index}")
+    if getattr(args, "distributed", False):
+        if index is not None:
+            raise CommandError("--distributed takes the share from jax.process_index(); drop --process-index")
+        import jax  # noqa: PLC0415
+
+        try:
+            jax.distributed.initialize()
+        except (RuntimeError, ValueError) as error:
+            raise CommandError(f"--distributed: jax.distributed.initialize() failed: {error}") from None
+    return index, count
 
 
 def add_common_arguments(parser, *, default_batch_size: int, default_frame: str = "round:64") -> None:
@@ -401,10 +443,11 @@ def run_protocol(args, *, instances: Sequence, batch_fn: Callable, config: Mappi
     from jaxseg_robust.runner.rundir import ManifestMismatchError, RunDirectoryBusyError  # noqa: PLC0415
 
     policy = parse_frame_policy(args.frame)
+    process_index, process_count = getattr(args, "process_index", None), getattr(args, "process_count", None)
     try:
         return run(instances, batch_fn, args.out, args.batch_size, config=config,
                    model_fingerprint=model.fingerprint, frame_policy=policy, finalize=finalize,
-                   check=require_object, mesh=mesh, allow_manifest_mismatch=args.allow_manifest_mismatch,
+                   process_index=process_index, process_count=process_count, check=require_object, mesh=mesh, allow_manifest_mismatch=args.allow_manifest_mismatch,
                    retry_failed=args.retry_failed, abort_after_consecutive_failures=args.abort_after,
                    progress=args.progress)
     except ManifestMismatchError as error:
@@ -483,6 +526,7 @@ def run_prompt_command(command: str, args, execute: Callable) -> int:
       An exit code of `jaxseg_robust.cli`.
     """
     try:
+        start_processes(args)
         summary, markdown, csv_text = execute(args)
     except (CommandError, ValueError) as error:
         return report_error(command, str(error))

@@ -150,6 +150,7 @@ def _plot_groups(instances, loaded, config, out_dir: pathlib.Path, per_dataset: 
 def run(args) -> int:
     """Runs the command; returns the exit code."""
     try:
+        common.start_processes(args)
         return _run(args)
     except common.CommandError as error:
         return common.report_error(COMMAND, str(error))
