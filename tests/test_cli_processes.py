@@ -55,10 +55,12 @@ def test_distributed_starts_jax_distributed_before_anything_else(tmp_path, capsy
 
     monkeypatch.setattr(jax.distributed, "initialize", initialize)
     folder = make_folder(tmp_path, bad=False)
-    for command in (["grid", "--kind", "box", "--stride", "16"], ["tetris"], ["breps"], ["rclicks", "--clickability", "dt"]):
-        argv = [*command, "--model", "sam_tiny", *folder_flags(folder), "--out", str(tmp_path / "run"),
-                "--distributed"]
+    data = folder_flags(folder)
+    for command in (["grid", "--kind", "box", "--stride", "16", *data], ["tetris", *data], ["breps", *data],
+                    ["rclicks", "--clickability", "dt", *data],
+                    ["perturb", "--datasets", f"{folder / 'images'}", "--random-init"]):
+        argv = [*command, "--model", "sam_tiny", "--out", str(tmp_path / "run"), "--distributed"]
         code, _, err = run_cli(argv, capsys)
         assert code == cli.EXIT_FAILURE and "no cluster detected" in err, (command, err)
-    assert len(calls) == 4
+    assert len(calls) == 5
     assert not (tmp_path / "run").exists()  # nothing ran

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxseg_robust.cli import EXIT_FAILURE, EXIT_OK
+from jaxseg_robust.commands.prompt_common import add_process_arguments, start_processes
 
 ATTACK_GROUPS = {
     "padam-ce": ("padam_ce",), "padam-cos": ("padam_cos",), "padam": ("padam_ce", "padam_cos"),
@@ -115,6 +116,7 @@ def register(subparsers) -> None:
                         help="resume into a run directory made with a different config")
     parser.add_argument("--no-report", action="store_true", help="do not write RUN_DIR/report")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report of --out")
+    add_process_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -399,6 +401,7 @@ def run(args) -> int:
             return EXIT_FAILURE
         return EXIT_OK
     try:
+        process_index, process_count = start_processes(args)
         if not args.model or not args.datasets:
             raise ValueError("give --model and --datasets (or --report-only)")
         _check_positive_ints(args)
@@ -446,7 +449,8 @@ def run(args) -> int:
                              args.batch_size, config=config, model_fingerprint=target.fingerprint,
                              finalize=make_finalize(saver, battery.background_class),
                              allow_manifest_mismatch=args.allow_manifest_mismatch,
-                             retry_failed=args.retry_failed, progress=args.progress)
+                             retry_failed=args.retry_failed, progress=args.progress,
+                             process_index=process_index, process_count=process_count)
     except (ValueError, RuntimeError) as error:
         _error(f"{type(error).__name__}: {error}")
         return EXIT_FAILURE

@@ -160,6 +160,11 @@ def add_run_arguments(parser, *, default_batch_size: int, default_frame: str = "
              help="resume into a run directory made with other settings (differences are logged)")
     add_flag(group, "--abort-after", type=positive_int, default=32, metavar="N",
              help="stop after N instances in a row fail in the model (a systematic error; default %(default)s)")
+    add_process_arguments(parser)
+
+
+def add_process_arguments(parser) -> None:
+    """--distributed, --process-index, --process-count (see `start_processes`)."""
     processes = parser.add_argument_group(
         "processes", "split one run over several processes or hosts sharing RUN_DIR (each evaluates the "
                      "instances it owns and appends to its own records.process<I>.jsonl; any rerun resumes)")
