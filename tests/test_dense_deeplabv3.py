@@ -75,7 +75,9 @@ def test_dense_wrapper_shapes_jit_batch_consistency_and_gradient(tiny):
     logits = jax.jit(model.apply)(params, images)
     assert logits.shape == (3, 37, 50, 5) and logits.dtype == jnp.float32
     assert bool(jnp.all(jnp.isfinite(logits)))
-    np.testing.assert_allclose(logits, per_image, rtol=1e-5, atol=1e-5)
+    # the batched forward and the vmapped forward-with-gradient are different XLA programs (other conv
+    # algorithms, other FMA contraction): float32 rounding reaches ~1.4e-5 on logits of scale ~1
+    np.testing.assert_allclose(logits, per_image, rtol=1e-4, atol=1e-4)
     assert not np.allclose(logits[0], logits[1])
     assert grad.shape == images.shape and bool(jnp.all(jnp.isfinite(grad)))
     assert float(jnp.min(jnp.abs(grad).sum(axis=(1, 2, 3)))) > 0
