@@ -14,10 +14,7 @@ from hypothesis import strategies as st
 
 from jaxseg_robust.attacks.boxes import (
     BrepsConfig,
-    box_prompts,
     resized_frame_transform,
-    box_attack_scores,
-    boundary_widths,
     breps_attack,
     breps_learning_rate,
     evaluate_image_boxes,
@@ -26,6 +23,7 @@ from jaxseg_robust.attacks.boxes import (
     resized_reference_gt,
     tight_box_host,
 )
+from jaxseg_robust.attacks.scoring import boundary_widths, box_attack_scores
 from jaxseg_robust.data.buckets import FixedFrame, pad_batch
 from jaxseg_robust.data.instances import make_instance
 from jaxseg_robust.metrics.masks import boundary_iou, boundary_width, mask_iou

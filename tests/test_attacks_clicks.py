@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 
 from jaxseg_robust.attacks.clicks import (
     TetrisConfig,
-    boundary_widths,
     click_trajectory,
     location_distance_map,
     location_error_region,
@@ -32,6 +31,7 @@ from jaxseg_robust.attacks.clicks import (
     tetris_scores,
     trajectory_scores,
 )
+from jaxseg_robust.attacks.scoring import boundary_widths
 from jaxseg_robust.data.buckets import FixedFrame, pad_batch
 from jaxseg_robust.data.instances import make_instance
 from jaxseg_robust.metrics.masks import boundary_iou, boundary_width, mask_iou

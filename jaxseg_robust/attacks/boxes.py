@@ -85,7 +85,26 @@ import numpy as np
 import optax
 from jax import lax
 
+from jaxseg_robust.attacks.batching import (
+    check_batch,
+    low_res_shape,
+    place_like,
+    preprocess_slots,
+    stack_trees,
+    unit_scale,
+)
 from jaxseg_robust.attacks.objectives import dice_loss
+from jaxseg_robust.attacks.scoring import (
+    IGNORE_LABEL,
+    START_MAX,
+    START_MIN,
+    AttackScores,
+    attack_scores,
+    boundary_widths,
+    gt_words,
+    image_region,
+    is_better,
+)
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, boundary_width
 from jaxseg_robust.models.base import Transform
 from jaxseg_robust.ops.boxes import (
@@ -100,7 +119,6 @@ from jaxseg_robust.ops.boxes import (
     tight_box,
     unscale_boxes,
 )
-from jaxseg_robust.ops.morphology import count_packed, erode_packed, pack_rows
 from jaxseg_robust.ops.resize import longest_side_shape, resize_bilinear_antialias_host
 from jaxseg_robust.prompts.jitter import JITTER_USED, jitter_boxes, pad_boxes
 from jaxseg_robust.prompts.types import PADDING_LABEL, Prompts
@@ -115,9 +133,6 @@ ATTACK_MODES = ("min", "max")
 BATCH_MODES = ("min", "max", "minmax", "tight", "jitter")
 _TIGHT_FIELDS = ("tight_box", "tight_selection_iou", "tight_selection_biou", "tight_iou", "tight_biou")
 BOX_FRAMES = ("evaluation", "resized")
-_IGNORE = -1
-_START_MAX = -2.0  # the reference's initial best (IoU, BIoU) for MAX
-_START_MIN = 2.0
 
 
 # ---- configuration --------------------------------------------------------------
@@ -192,29 +207,7 @@ def breps_learning_rate(height, width, lr_mult: float = DEFAULT_LR_MULT,
     return jnp.float32(lr_mult) * jnp.sqrt(h * h + w * w) / jnp.float32(reference_size * math.sqrt(2.0))
 
 
-def boundary_widths(sizes, dilation_ratio: float = DEFAULT_DILATION_RATIO) -> np.ndarray:
-    """Per-instance Boundary IoU band widths ``max(1, round(ratio sqrt(H^2 + W^2)))`` (host).
-
-    Args:
-      sizes: int [B, 2] (H, W) image sizes.
-      dilation_ratio: band ratio (0.02).
-
-    Returns:
-      int32[B] widths (Python's round-half-to-even, as the reference).
-    """
-    sizes = np.asarray(sizes).reshape(-1, 2)
-    return np.array([boundary_width(int(h), int(w), dilation_ratio) for h, w in sizes], np.int32)
-
-
 # ---- small pieces ------------------------------------------------------------------
-
-def low_res_shape(segmenter) -> tuple[int, int]:
-    """(h, w) of the segmenter's previous-mask input (SAM: ``config.low_res_size``, 256)."""
-    size = getattr(getattr(segmenter, "config", None), "low_res_size", None)
-    if size is None:
-        raise ValueError("segmenter must expose config.low_res_size (the SAM family does)")
-    return (int(size), int(size))
-
 
 def box_prompts(box, mask_shape: tuple[int, int]) -> Prompts:
     """A box-only `Prompts`: one padding point slot (label -1), ``has_box``, no mask input.
@@ -230,16 +223,6 @@ def box_prompts(box, mask_shape: tuple[int, int]) -> Prompts:
                    mask_logits=jnp.zeros(mask_shape, jnp.float32), has_mask=jnp.asarray(False))
 
 
-def image_region(transform: Transform) -> jnp.ndarray:
-    """bool[Hf, Wf]: the pixels of the original image inside the transform's static frame."""
-    if transform.frame_hw is None:
-        raise ValueError("transform.frame_hw must be set")
-    frame_h, frame_w = transform.frame_hw
-    rows = jnp.arange(frame_h) < transform.original_hw[0]
-    cols = jnp.arange(frame_w) < transform.original_hw[1]
-    return rows[:, None] & cols[None, :]
-
-
 def resized_frame_transform(transform: Transform, model_size: int) -> Transform:
     """A `Transform` whose outputs are SAM's resized-resolution masks in a ``model_size`` square frame.
 
@@ -251,98 +234,6 @@ def resized_frame_transform(transform: Transform, model_size: int) -> Transform:
     return Transform(original_hw=transform.resized_hw, resized_hw=transform.resized_hw,
                      scale_xy=jnp.ones_like(jnp.asarray(transform.scale_xy, jnp.float32)),
                      frame_hw=(int(model_size), int(model_size)))
-
-
-def _unit_scale(transform: Transform) -> Transform:
-    """The transform with scale (1, 1): prompts are given in the resized frame."""
-    return transform.replace(scale_xy=jnp.ones_like(jnp.asarray(transform.scale_xy, jnp.float32)))
-
-
-def _erode_times(words, times, height: int):
-    """``times`` (traced int) iterated 3x3 square erosions (outside = 0) of packed masks."""
-    return lax.fori_loop(0, times, lambda _, w: erode_packed(w, 1, height), words)
-
-
-def _boundary_band(words, width, height: int):
-    """Packed inner boundary band of width ``width`` (traced) of packed masks."""
-    return words & ~_erode_times(words, width, height)
-
-
-def _ratio(numerator, denominator, empty_value: float):
-    numerator = numerator.astype(jnp.float32)
-    denominator = denominator.astype(jnp.float32)
-    safe = jnp.where(denominator > 0, denominator, 1.0)
-    return jnp.where(denominator > 0, numerator / safe, jnp.float32(empty_value))
-
-
-@flax.struct.dataclass
-class BoxScores:
-    """Mask scores of one prediction (each f32[]).
-
-    Attributes:
-      selection_iou, selection_biou: ignore pixels counted as background, every
-        image pixel counts, 0 on an empty union (the reference's acceptance metrics).
-      iou, biou: ignore pixels excluded, NaN on an empty union (the reported metrics).
-    """
-
-    selection_iou: jnp.ndarray
-    selection_biou: jnp.ndarray
-    iou: jnp.ndarray
-    biou: jnp.ndarray
-
-
-@flax.struct.dataclass
-class _GtWords:
-    """Packed GT pieces reused by every iterate."""
-
-    target: jnp.ndarray  # G+ within the image
-    target_band: jnp.ndarray
-    region: jnp.ndarray  # image pixels
-    labelled: jnp.ndarray  # image pixels with gt != -1
-
-
-def _gt_words(gt, region, width) -> _GtWords:
-    height = gt.shape[-2]
-    target = pack_rows((gt == 1) & region)
-    return _GtWords(target=target, target_band=_boundary_band(target, width, height),
-                    region=pack_rows(region), labelled=pack_rows(region & (gt != _IGNORE)))
-
-
-def _scores(pred, gt_words: _GtWords, width) -> BoxScores:
-    height = pred.shape[-2]
-    pred_words = pack_rows(pred) & gt_words.region
-    pred_band = _boundary_band(pred_words, width, height)
-
-    def counts(a, b, within):
-        return count_packed(a & b & within), count_packed((a | b) & within)
-
-    sel_iou = _ratio(*counts(pred_words, gt_words.target, gt_words.region), 0.0)
-    sel_biou = _ratio(*counts(pred_band, gt_words.target_band, gt_words.region), 0.0)
-    iou = _ratio(*counts(pred_words, gt_words.target, gt_words.labelled), math.nan)
-    biou = _ratio(*counts(pred_band, gt_words.target_band, gt_words.labelled), math.nan)
-    return BoxScores(sel_iou, sel_biou, iou, biou)
-
-
-def box_attack_scores(pred, gt, region, width) -> BoxScores:
-    """Selection and reported IoU / Boundary IoU of one binary prediction.
-
-    Args:
-      pred: bool[H, W] predicted mask (pixels outside ``region`` are ignored).
-      gt: int [H, W] 1 object / 0 background / -1 ignore.
-      region: bool[H, W] pixels of the image (a padded frame's padding false).
-      width: i32[] boundary band width d (may be traced; e.g. `boundary_widths`).
-
-    Returns:
-      `BoxScores`; ``iou``/``biou`` equal `metrics.masks.mask_iou` /
-      ``boundary_iou`` of the cropped image with ``valid = gt != -1``.
-    """
-    gt = jnp.asarray(gt)
-    pred = jnp.asarray(pred, bool)
-    region = jnp.asarray(region, bool)
-    if pred.shape != gt.shape or region.shape != gt.shape or gt.ndim != 2:
-        raise ValueError(f"pred {pred.shape}, gt {gt.shape} and region {region.shape} must be equal [H, W]")
-    width = jnp.asarray(width, jnp.int32)
-    return _scores(pred, _gt_words(gt, region, width), width)
 
 
 def _check_frame(gt, transform: Transform) -> None:
@@ -422,13 +313,6 @@ class BrepsResult:
     mask: Any = None
 
 
-def _better(new: BoxScores, best_iou, best_biou, maximise):
-    """Lexicographic (IoU, BIoU) comparison as Python's list ``>`` (maximise) / ``<``; maximise may be traced."""
-    greater = (new.selection_iou > best_iou) | ((new.selection_iou == best_iou) & (new.selection_biou > best_biou))
-    less = (new.selection_iou < best_iou) | ((new.selection_iou == best_iou) & (new.selection_biou < best_biou))
-    return jnp.where(maximise, greater, less)
-
-
 def reported_boxes(box_resized, transform: Transform):
     """Evaluation-frame boxes from resized-frame ones: (unclipped, reference-clipped).
 
@@ -476,13 +360,13 @@ def breps_attack(segmenter, params, features, transform: Transform, gt, width,
     region = image_region(transform)
     target = (gt == 1) & region
     target_float = target.astype(jnp.float32)
-    gt_words = _gt_words(gt, region, width)
+    packed_gt = gt_words(gt, region, width)
     tight = tight_box(target)
     scale = jnp.asarray(transform.scale_xy, jnp.float32)
     tight_resized = scale_boxes(tight, scale[0], scale[1])
     learning_rate = breps_learning_rate(transform.original_hw[0], transform.original_hw[1], config.lr_mult)
     optimizer = optax.adam(learning_rate)
-    model_transform = _unit_scale(transform)
+    model_transform = unit_scale(transform)
     resized_h = transform.resized_hw[0].astype(jnp.float32)
     resized_w = transform.resized_hw[1].astype(jnp.float32)
     maximise = jnp.asarray(config.mode == "max" if maximise is None else maximise, bool)
@@ -498,7 +382,7 @@ def breps_attack(segmenter, params, features, transform: Transform, gt, width,
         loss = sign * dice - config.lam * log_prob
         return loss, (probability, dice, distance)
 
-    start = jnp.where(maximise, jnp.float32(_START_MAX), jnp.float32(_START_MIN))
+    start = jnp.where(maximise, jnp.float32(START_MAX), jnp.float32(START_MIN))
     best0 = {
         "selection_iou": start, "selection_biou": start,
         "iou": jnp.float32(jnp.nan), "biou": jnp.float32(jnp.nan),
@@ -506,14 +390,14 @@ def breps_attack(segmenter, params, features, transform: Transform, gt, width,
     }
     if config.return_mask:
         best0["mask"] = jnp.zeros(gt.shape, bool)
-    tight0 = BoxScores(*(jnp.float32(jnp.nan),) * 4)
+    tight0 = AttackScores(*(jnp.float32(jnp.nan),) * 4)
 
     def step(carry, index):
         box, opt_state, best, tight_scores = carry
         (loss, (probability, dice, distance)), grad = jax.value_and_grad(objective, has_aux=True)(box)
         pred = probability > config.thr
-        scores = _scores(pred, gt_words, width)
-        accept = _better(scores, best["selection_iou"], best["selection_biou"], maximise)
+        scores = attack_scores(pred, packed_gt, width)
+        accept = is_better(scores, best["selection_iou"], best["selection_biou"], maximise)
         candidate = {"selection_iou": scores.selection_iou, "selection_biou": scores.selection_biou,
                      "iou": scores.iou, "biou": scores.biou, "box": box, "step": index,
                      "accepted": best["accepted"] + 1}
@@ -605,13 +489,13 @@ def evaluate_boxes(segmenter, params, features, transform: Transform, boxes_resi
     width = jnp.asarray(width, jnp.int32)
     mask_shape = low_res_shape(segmenter)
     region = image_region(transform)
-    gt_words = _gt_words(gt, region, width)
-    model_transform = _unit_scale(transform)
+    packed_gt = gt_words(gt, region, width)
+    model_transform = unit_scale(transform)
 
     def one(box):
         prediction = segmenter.decode(params, features, box_prompts(box, mask_shape), model_transform,
                                       multimask_output=False)
-        scores = _scores(prediction.logits > 0, gt_words, width)
+        scores = attack_scores(prediction.logits > 0, packed_gt, width)
         if resized_gt is None:
             return scores.iou, scores.biou, jnp.float32(jnp.nan)
         resized_gt_ = jnp.asarray(resized_gt, bool)
@@ -667,18 +551,6 @@ def resized_reference_gt(target, model_size: int) -> np.ndarray:
 
 
 # ---- batch adapter for the engine -----------------------------------------------------
-
-def _stack_transforms(transforms) -> Transform:
-    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *transforms)
-
-
-def _place_like(tree, reference):
-    """device_put ``tree`` with ``reference``'s sharding when it is a sharded jax Array."""
-    sharding = getattr(reference, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        return jax.device_put(tree, sharding)
-    return tree
-
 
 class BoxBatchFunction:
     """``PaddedBatch -> dict[str, arrays [B, ...]]`` for one BREPS box protocol (see `make_box_batch_fn`).
@@ -788,21 +660,9 @@ class BoxBatchFunction:
 
     def __call__(self, batch) -> dict:
         """Runs the protocol on a `PaddedBatch` (host preprocessing, then one jitted call)."""
-        images = np.asarray(batch.image)
-        gts = np.asarray(batch.gt)
-        sizes = np.asarray(batch.size)
-        if gts.ndim != 3 or images.shape[:3] != gts.shape or sizes.shape != (gts.shape[0], 2):
-            raise ValueError(f"batch must hold image [B, Hf, Wf, 3], gt [B, Hf, Wf], size [B, 2]; got "
-                             f"{images.shape}, {gts.shape}, {sizes.shape}")
-        frame = (int(gts.shape[1]), int(gts.shape[2]))
-        inputs, transforms = [], []
-        for slot in range(gts.shape[0]):
-            height, width = (int(v) for v in sizes[slot])
-            model_input, transform = self.segmenter.preprocess(images[slot, :height, :width], frame_hw=frame)
-            inputs.append(model_input)
-            transforms.append(transform)
-        model_input = jnp.stack(inputs)
-        transform = _stack_transforms(transforms)
+        images, gts, sizes = check_batch(batch)
+        model_input, transforms = preprocess_slots(self.segmenter, images, sizes, (gts.shape[1], gts.shape[2]))
+        transform = stack_trees(transforms)
         widths = boundary_widths(sizes, self.config.dilation_ratio)
         if self.is_attack:
             args = (model_input, transform, gts, widths)
@@ -819,7 +679,7 @@ class BoxBatchFunction:
             if self.reference_iou:
                 extras["resized_gt"] = np.stack([s[5] for s in per_slot])
             args = (model_input, transform, gts, widths, in_model, valid, extras)
-        return self._core(self.params, *_place_like(args, batch.gt))
+        return self._core(self.params, *place_like(args, batch.gt))
 
 
 def make_box_batch_fn(segmenter, params, *, mode: str = "min", n_steps: int = DEFAULT_N_STEPS,
@@ -933,7 +793,7 @@ def evaluate_image_boxes(segmenter, params, image, gt, boxes, *, box_frame: str 
         raise ValueError(f"gt {gt.shape} must match the image size {np.shape(image)[:2]}")
     model_input, transform = segmenter.preprocess(image, frame_hw=frame_hw)
     frame = transform.frame_hw
-    framed_gt = np.full(frame, _IGNORE, np.int8)
+    framed_gt = np.full(frame, IGNORE_LABEL, np.int8)
     framed_gt[:gt.shape[0], :gt.shape[1]] = gt
     scale = np.asarray(transform.scale_xy, np.float32)
     in_model = boxes if box_frame == "resized" else boxes * np.concatenate([scale, scale])[None, :]
@@ -952,8 +812,7 @@ def evaluate_image_boxes(segmenter, params, image, gt, boxes, *, box_frame: str 
 __all__ = [
     "DEFAULT_N_STEPS", "DEFAULT_LR_MULT", "DEFAULT_LAMBDA", "DEFAULT_THRESHOLD", "LR_REFERENCE_SIZE",
     "REFERENCE_IOU_EPS", "ATTACK_MODES", "BATCH_MODES", "BOX_FRAMES",
-    "BrepsConfig", "breps_learning_rate", "boundary_widths", "low_res_shape", "box_prompts",
-    "image_region", "resized_frame_transform", "BoxScores", "box_attack_scores", "BrepsTrajectory",
+    "BrepsConfig", "breps_learning_rate", "box_prompts", "resized_frame_transform", "BrepsTrajectory",
     "BrepsResult", "reported_boxes", "breps_attack", "breps_attack_min_max", "FixedBoxScores", "evaluate_boxes",
     "tight_box_host", "resized_mask", "resized_reference_gt", "BoxBatchFunction", "make_box_batch_fn",
     "evaluate_image_boxes",

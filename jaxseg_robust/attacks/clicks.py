@@ -106,18 +106,25 @@ import numpy as np
 import optax
 from jax import lax
 
-from jaxseg_robust.attacks.boxes import (  # shared scoring of the prompt attacks
-    _better,
-    _gt_words,
-    _place_like,
-    _scores,
-    _stack_transforms,
-    _unit_scale,
-    boundary_widths,
-    image_region,
+from jaxseg_robust.attacks.batching import (
+    check_batch,
     low_res_shape,
+    place_like,
+    preprocess_slots,
+    stack_trees,
+    unit_scale,
 )
 from jaxseg_robust.attacks.objectives import dice_loss
+from jaxseg_robust.attacks.scoring import (
+    IGNORE_LABEL,
+    START_MAX,
+    START_MIN,
+    attack_scores,
+    boundary_widths,
+    gt_words,
+    image_region,
+    is_better,
+)
 from jaxseg_robust.metrics.interactive import (
     TETRIS_NUM_CLICKS,
     normalized_auc,
@@ -147,9 +154,6 @@ TRAJECTORY_MODES = ("baseline", "min", "max")
 BATCH_MODES = ("baseline", "min", "max", "minmax")
 MASK_INPUT_MODES = ("code", "always")
 ACCEPTANCE_MODES = ("code", "paper")
-_START_MAX = -2.0  # the reference's initial best (IoU, BIoU) for MAX
-_START_MIN = 2.0
-_IGNORE = -1
 
 
 # ---- configuration --------------------------------------------------------------
@@ -498,16 +502,16 @@ def click_trajectory(segmenter, params, features, transform: Transform, gt, widt
     mask_shape = low_res_shape(segmenter)
     region = image_region(transform)
     target = (gt == 1) & region
-    labelled = region & (gt != _IGNORE)
+    labelled = region & (gt != IGNORE_LABEL)
     target_float = target.astype(jnp.float32)
-    gt_words = _gt_words(gt, region, width)
+    packed_gt = gt_words(gt, region, width)
     scale = jnp.asarray(transform.scale_xy, jnp.float32)
-    model_transform = _unit_scale(transform)
+    model_transform = unit_scale(transform)
     learning_rate = tetris_learning_rate(transform.original_hw[0], transform.original_hw[1], config.lr_mult)
     optimizer = optax.adam(learning_rate)
     maximise = jnp.asarray(config.mode == "max" if maximise is None else maximise, bool)
     sign = jnp.where(maximise, jnp.float32(1.0), jnp.float32(-1.0))
-    start = jnp.where(maximise, jnp.float32(_START_MAX), jnp.float32(_START_MIN))
+    start = jnp.where(maximise, jnp.float32(START_MAX), jnp.float32(START_MIN))
     slots = jnp.arange(n_clicks)
     paper_acceptance = config.acceptance == "paper"
 
@@ -546,12 +550,12 @@ def click_trajectory(segmenter, params, features, transform: Transform, gt, widt
 
         def consider(best, q, loss, aux, step):
             prob, low, dice, loc = aux
-            scores = _scores((prob > config.thr) & region, gt_words, width)
+            scores = attack_scores((prob > config.thr) & region, packed_gt, width)
             if paper_acceptance:
                 better = jnp.where(maximise, scores.selection_iou > best["selection_iou"],
                                    scores.selection_iou < best["selection_iou"])
             else:
-                better = _better(scores, best["selection_iou"], best["selection_biou"], maximise)
+                better = is_better(scores, best["selection_iou"], best["selection_biou"], maximise)
             reference_loc = best["reference_loc"]
             within = (reference_loc == jnp.inf) | (loc <= jnp.float32(config.tolerance) * reference_loc)
             accept = within & better & ((step == 0) | may_accept)
@@ -702,22 +706,10 @@ class ClickBatchFunction:
 
     def __call__(self, batch) -> dict:
         """Runs the protocol on a `PaddedBatch` (host preprocessing, then one jitted call)."""
-        images = np.asarray(batch.image)
-        gts = np.asarray(batch.gt)
-        sizes = np.asarray(batch.size)
-        if gts.ndim != 3 or images.shape[:3] != gts.shape or sizes.shape != (gts.shape[0], 2):
-            raise ValueError(f"batch must hold image [B, Hf, Wf, 3], gt [B, Hf, Wf], size [B, 2]; got "
-                             f"{images.shape}, {gts.shape}, {sizes.shape}")
-        frame = (int(gts.shape[1]), int(gts.shape[2]))
-        inputs, transforms = [], []
-        for slot in range(gts.shape[0]):
-            height, width = (int(v) for v in sizes[slot])
-            model_input, transform = self.segmenter.preprocess(images[slot, :height, :width], frame_hw=frame)
-            inputs.append(model_input)
-            transforms.append(transform)
-        args = (jnp.stack(inputs), _stack_transforms(transforms), gts,
-                boundary_widths(sizes, self.config.dilation_ratio))
-        return self._core(self.params, *_place_like(args, batch.gt))
+        images, gts, sizes = check_batch(batch)
+        model_input, transforms = preprocess_slots(self.segmenter, images, sizes, (gts.shape[1], gts.shape[2]))
+        args = (model_input, stack_trees(transforms), gts, boundary_widths(sizes, self.config.dilation_ratio))
+        return self._core(self.params, *place_like(args, batch.gt))
 
 
 def make_click_batch_fn(segmenter, params, *, mode: str = "minmax", n_clicks: int = DEFAULT_N_CLICKS,
@@ -854,5 +846,5 @@ __all__ = [
     "MASK_INPUT_MODES", "ACCEPTANCE_MODES", "TetrisConfig", "tetris_learning_rate", "location_error_region",
     "location_distance_map", "location_loss", "ClickIterates", "ClickTrajectory", "click_prompts",
     "reported_click", "click_trajectory", "tetris_min_max", "trajectory_outputs", "ClickBatchFunction",
-    "make_click_batch_fn", "trajectory_scores", "tetris_scores", "boundary_widths",
+    "make_click_batch_fn", "trajectory_scores", "tetris_scores",
 ]

@@ -73,7 +73,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxseg_robust.attacks.boxes import box_prompts, boundary_widths, image_region, low_res_shape
+from jaxseg_robust.attacks.batching import check_batch, low_res_shape, place_like, preprocess_slots, stack_trees
+from jaxseg_robust.attacks.boxes import box_prompts
+from jaxseg_robust.attacks.scoring import IGNORE_LABEL, boundary_widths, image_region
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
 from jaxseg_robust.models.base import Transform
 from jaxseg_robust.ops.boxes import tight_box
@@ -87,7 +89,6 @@ DEFAULT_THRESHOLD = 0.5
 REFERENCE_IOU_EPS = 1e-6  # comp_hw.py: inter / (union + 1e-6)
 CLICK_REGIONS = ("image", "object", "error")
 CLICK_PREFIXES = ("none", "baseline")
-_IGNORE = -1
 
 
 # ---- scores of many predictions against one GT --------------------------------------
@@ -136,7 +137,7 @@ def grid_target(gt, region, width) -> GridTarget:
     Args:
       gt: int [Hf, Wf] 1 object / 0 background / -1 ignore.
       region: bool[Hf, Wf] the image's pixels in the frame.
-      width: i32[] Boundary IoU band width d (may be traced; `attacks.boxes.boundary_widths`).
+      width: i32[] Boundary IoU band width d (may be traced; `attacks.scoring.boundary_widths`).
 
     Returns:
       `GridTarget`.
@@ -147,7 +148,7 @@ def grid_target(gt, region, width) -> GridTarget:
         raise ValueError(f"gt and region must be equal [H, W]; got {gt.shape}, {region.shape}")
     target = pack_rows((gt == 1) & region)
     return GridTarget(target=target, target_band=_band(target, jnp.asarray(width, jnp.int32), gt.shape[0]),
-                      region=pack_rows(region), labelled=pack_rows(region & (gt != _IGNORE)))
+                      region=pack_rows(region), labelled=pack_rows(region & (gt != IGNORE_LABEL)))
 
 
 def _ratio(numerator, denominator, empty_value: float):
@@ -361,7 +362,7 @@ def click_grid(segmenter, params, features, transform: Transform, gt, width, *, 
       features: the instance's cached image features (one image).
       transform: its `Transform` (``frame_hw`` = the frame of ``gt``).
       gt: int [Hf, Wf] 1 / 0 / -1 (outside the image: ignored via the transform).
-      width: i32[] Boundary IoU band width of the image (`attacks.boxes.boundary_widths`).
+      width: i32[] Boundary IoU band width of the image (`attacks.scoring.boundary_widths`).
       region: optional bool[Hf, Wf]: only positions inside it are decoded
         (always intersected with the image).
       prefix: optional `Prompts` of fixed earlier clicks (and mask input);
@@ -656,31 +657,9 @@ def box_grid(segmenter, params, features, transform: Transform, gt, width, *, ex
 
 # ---- batch adapters for the engine -----------------------------------------------------
 
-def _stack(trees):
-    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
-
-
-def _place_like(tree, reference):
-    """device_put ``tree`` with ``reference``'s sharding when it is a sharded jax Array."""
-    sharding = getattr(reference, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        return jax.device_put(tree, sharding)
-    return tree
-
-
 def _check_positive_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int; got {value!r}")
-
-
-def _check_batch(batch):
-    images = np.asarray(batch.image)
-    gts = np.asarray(batch.gt)
-    sizes = np.asarray(batch.size)
-    if gts.ndim != 3 or images.shape[:3] != gts.shape or sizes.shape != (gts.shape[0], 2):
-        raise ValueError(f"batch must hold image [B, Hf, Wf, 3], gt [B, Hf, Wf], size [B, 2]; got "
-                         f"{images.shape}, {gts.shape}, {sizes.shape}")
-    return images, gts, sizes
 
 
 class _GridBatchFunction:
@@ -700,16 +679,10 @@ class _GridBatchFunction:
 
     def __call__(self, batch) -> dict:
         """Runs the grid on a `PaddedBatch` (host preprocessing, then one jitted call)."""
-        images, gts, sizes = _check_batch(batch)
-        frame = (int(gts.shape[1]), int(gts.shape[2]))
-        inputs, transforms = [], []
-        for slot in range(gts.shape[0]):
-            height, width = (int(v) for v in sizes[slot])
-            model_input, transform = self.segmenter.preprocess(images[slot, :height, :width], frame_hw=frame)
-            inputs.append(model_input)
-            transforms.append(transform)
-        args = (jnp.stack(inputs), _stack(transforms), gts, boundary_widths(sizes, self.dilation_ratio))
-        return self._core(self.params, *_place_like(args, batch.gt))
+        images, gts, sizes = check_batch(batch)
+        model_input, transforms = preprocess_slots(self.segmenter, images, sizes, (gts.shape[1], gts.shape[2]))
+        args = (model_input, stack_trees(transforms), gts, boundary_widths(sizes, self.dilation_ratio))
+        return self._core(self.params, *place_like(args, batch.gt))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -763,7 +736,7 @@ class ClickGridBatchFunction(_GridBatchFunction):
     def _one(self, params, features, transform, gt, width):
         config, seg = self.config, self.segmenter
         image = image_region(transform)
-        labelled = image & (gt != _IGNORE)
+        labelled = image & (gt != IGNORE_LABEL)
         target = (gt == 1) & image
         # the baseline first click: deepest interior point of G+ (always used as a positive click;
         # the clicker would make it negative only for an empty G+)

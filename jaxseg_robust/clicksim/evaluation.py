@@ -71,6 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxseg_robust.attacks.batching import place_like
 from jaxseg_robust.clicksim.error_region import choose_error_region
 from jaxseg_robust.clicksim.groups import first_argmax_xy, group_bounds, masked_clickability, sample_group_click
 from jaxseg_robust.clicksim.sampling import sample_pixels
@@ -413,14 +414,6 @@ def user_slot_count(counts, multiple: int = _USER_SLOT_MULTIPLE) -> int:
     return -(-largest // multiple) * multiple
 
 
-def _place_like(tree, reference):
-    """device_put ``tree`` with ``reference``'s sharding when it is a sharded jax Array."""
-    sharding = getattr(reference, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        return jax.device_put(tree, sharding)
-    return tree
-
-
 def _stack(trees):
     return jax.tree.map(lambda *leaves: np.stack([np.asarray(leaf) for leaf in leaves]), *trees)
 
@@ -526,9 +519,9 @@ class RClicksBatchFunction:
             user_valid.append(valid)
         transform = jax.tree.map(lambda *leaves: jnp.stack(leaves), *transforms)
         args = (np.stack(inputs), transform, gts, _stack(prepared), seeds, np.stack(user_points))
-        outputs = dict(self._program.jitted(self.params, self.click_params, *_place_like(args, batch.gt)))
+        outputs = dict(self._program.jitted(self.params, self.click_params, *place_like(args, batch.gt)))
         if self.config.user_slots:
-            outputs["user_valid"] = _place_like(np.stack(user_valid), batch.gt)
+            outputs["user_valid"] = place_like(np.stack(user_valid), batch.gt)
         return outputs
 
 
