@@ -30,11 +30,12 @@ from typing import Mapping
 import numpy as np
 
 from ports.keytable import PortError, Rule, conv, convert, identity
+from ports.port_cli import add_checkpoint_arguments, report_converted
+from ports.torch_checkpoint import drop_batchnorm_counters
 
 BACKBONE = r"encoder_decoder\.backbone\."
 HEAD = r"encoder_decoder\.decode_head\.0\."
 BASES_KEY = "encoder_decoder.decode_head.0.hamburger.ham.bases"
-NUM_BATCHES = ".num_batches_tracked"
 
 # Convolutions inside an MSCA block: torch sub-path regex -> flax sub-path (group 3).
 _BLOCK_CONVS = (
@@ -121,31 +122,7 @@ def prepare_state_dict(state_dict: Mapping[str, np.ndarray], *,
         BatchNorm without its counter, negative running variances, or a
         missing / negative / non-finite / mis-ranked NMF bases buffer.
     """
-    out: dict[str, np.ndarray] = {}
-    counters: set[str] = set()
-    for key, value in state_dict.items():
-        if key.endswith(NUM_BATCHES):
-            module = key[: -len(NUM_BATCHES)]
-            missing = [s for s in ("running_mean", "running_var") if f"{module}.{s}" not in
-                       state_dict]
-            if missing:
-                raise PortError(f"{what}: '{key}' is a BatchNorm counter, but '{module}' has no "
-                                f"{' / '.join(missing)} (not a BatchNorm of this model)")
-            array = np.asarray(value)
-            if array.ndim != 0 or not np.issubdtype(array.dtype, np.integer):
-                raise PortError(f"{what}: '{key}' must be an integer scalar; got dtype "
-                                f"{array.dtype}, shape {array.shape}")
-            counters.add(module)
-            continue
-        out[key] = value
-    for key, value in out.items():
-        if key.endswith(".running_var"):
-            module = key[: -len(".running_var")]
-            if module not in counters:
-                raise PortError(f"{what}: BatchNorm '{module}' has no '{module}{NUM_BATCHES}' "
-                                f"(not a complete torch state dict)")
-            if np.any(np.asarray(value) < 0):
-                raise PortError(f"{what}: '{key}' has negative running variances")
+    out = drop_batchnorm_counters(state_dict, what=what)
     if BASES_KEY not in out:
         raise PortError(f"{what}: the NMF buffer '{BASES_KEY}' is missing (the reference "
                         f"creates it in the first forward; a state dict saved before any "
@@ -207,15 +184,10 @@ def port_clickability(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``python -m ports clickability``."""
-    parser.add_argument("--checkpoint", required=True,
-                        help="official RClicks clickability_model.pth")
-    parser.add_argument("--out", required=True, help="output directory for the converted model")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a converted model already in --out")
+    add_checkpoint_arguments(parser, "official RClicks clickability_model.pth")
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the port; prints where the model went. Returns an exit code."""
     out = port_clickability(args.checkpoint, args.out, overwrite=args.overwrite)
-    print(f"converted {args.checkpoint} -> {out}")
-    return 0
+    return report_converted(args.checkpoint, out)

@@ -60,12 +60,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from ports.keytable import PortError, Rule, conv, convert, identity
+from ports.port_cli import add_checkpoint_arguments, add_output_arguments, report_converted
+from ports.torch_checkpoint import drop_batchnorm_counters
 
 ONNX_PACKAGE, ONNX_RESOURCE = "rembg", "u2netp.onnx"
 SHAPE_OPS = frozenset({"Constant", "Shape", "Gather", "Unsqueeze", "Slice", "Cast"})
 U2NET_OPS = frozenset({"Conv", "Relu", "MaxPool", "Resize", "Concat", "Add", "Sigmoid"}) | SHAPE_OPS
 GRAPH_INPUT = "input"
-NUM_BATCHES = ".num_batches_tracked"
 
 
 # ---- a plain description of an ONNX graph ---------------------------------------
@@ -378,44 +379,6 @@ def port_u2netp(onnx_path: str | os.PathLike | None, out_dir: str | os.PathLike,
 
 # ---- DeepLabV3 (torchvision) ------------------------------------------------------
 
-def drop_batchnorm_counters(state_dict: Mapping[str, np.ndarray], *,
-                            what: str = "checkpoint") -> dict[str, np.ndarray]:
-    """Validates and removes every ``<bn>.num_batches_tracked`` (unused at inference).
-
-    Each counter must be an integer scalar of a module that also has
-    ``running_mean`` and ``running_var``, and every module with running
-    statistics must have its counter. Running variances must be >= 0.
-
-    Raises:
-      PortError: naming the offending key.
-    """
-    out: dict[str, np.ndarray] = {}
-    counters: set[str] = set()
-    for key, value in state_dict.items():
-        if key.endswith(NUM_BATCHES):
-            module = key[: -len(NUM_BATCHES)]
-            missing = [s for s in ("running_mean", "running_var")
-                       if f"{module}.{s}" not in state_dict]
-            if missing:
-                raise PortError(f"{what}: '{key}' is a BatchNorm counter, but '{module}' has no "
-                                f"{' / '.join(missing)}")
-            array = np.asarray(value)
-            if array.ndim != 0 or not np.issubdtype(array.dtype, np.integer):
-                raise PortError(f"{what}: '{key}' must be an integer scalar; got dtype "
-                                f"{array.dtype}, shape {array.shape}")
-            counters.add(module)
-            continue
-        out[key] = value
-    for key, value in out.items():
-        if key.endswith(".running_var"):
-            module = key[: -len(".running_var")]
-            if module not in counters:
-                raise PortError(f"{what}: BatchNorm '{module}' has no '{module}{NUM_BATCHES}'")
-            if np.any(np.asarray(value) < 0):
-                raise PortError(f"{what}: '{key}' has negative running variances")
-    return out
-
-
 def _bn(torch_prefix: str, flax_prefix: str) -> list[Rule]:
     return [Rule(torch_prefix + r"\.weight", f"params/{flax_prefix}/scale"),
             Rule(torch_prefix + r"\.bias", f"params/{flax_prefix}/bias"),
@@ -535,11 +498,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     u2.add_argument("--onnx", default=None,
                     help="u2netp.onnx (default: the copy in the installed rembg package)")
     dl = sub.add_parser("deeplabv3", help="torchvision DeepLabV3-ResNet50/101 state dict")
-    dl.add_argument("--checkpoint", required=True, help="torchvision deeplabv3_*.pth")
-    for p in (u2, dl):
-        p.add_argument("--out", required=True, help="output directory for the converted model")
-        p.add_argument("--overwrite", action="store_true",
-                       help="replace a converted model already in --out")
+    add_output_arguments(u2)
+    add_checkpoint_arguments(dl, "torchvision deeplabv3_*.pth")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -552,5 +512,4 @@ def run(args: argparse.Namespace) -> int:
         source = args.checkpoint
     else:
         raise ValueError(f"unknown dense model {args.dense_family!r}; expected u2netp or deeplabv3")
-    print(f"converted {source} -> {out}")
-    return 0
+    return report_converted(source, out)

@@ -58,6 +58,7 @@ import numpy as np
 
 from jaxseg_robust.models.sam.tiny_vit import TinyViTConfig, TinyViTEncoder, attention_bias_index
 from ports.keytable import PortError, Rule, conv, convert, linear
+from ports.port_cli import add_checkpoint_arguments, report_converted
 
 # Regex fragments (relative to the prefix) of every Conv2d_BN in TinyViT, with
 # the Flax path template each maps to. Groups are numbered within a fragment.
@@ -296,14 +297,10 @@ def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``python -m ports mobile_sam``."""
-    parser.add_argument("--checkpoint", required=True, help="MobileSAM checkpoint (mobile_sam.pt)")
-    parser.add_argument("--out", required=True, help="output directory for the converted model")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a converted model already in --out")
+    add_checkpoint_arguments(parser, "MobileSAM checkpoint (mobile_sam.pt)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the port; prints where the model went. Returns an exit code."""
     out = port_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
-    print(f"converted {args.checkpoint} -> {out}")
-    return 0
+    return report_converted(args.checkpoint, out)

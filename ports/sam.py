@@ -26,6 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from ports.keytable import PortError, Rule, conv, convert, identity, linear
+from ports.port_cli import add_checkpoint_arguments, report_converted
 
 VARIANTS = ("vit_b", "vit_l", "vit_h")
 
@@ -422,17 +423,10 @@ def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``python -m ports sam``."""
-    parser.add_argument("--checkpoint", required=True, help="official SAM .pth checkpoint")
-    parser.add_argument("--out", required=True, help="output directory for the converted model")
-    parser.add_argument("--variant", default="auto", choices=("auto",) + VARIANTS,
-                        help="model variant; 'auto' infers it from tensor shapes")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a converted model already in --out")
+    add_checkpoint_arguments(parser, "official SAM .pth checkpoint", VARIANTS)
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the port; prints where the model went. Returns an exit code."""
-    out = port_checkpoint(args.checkpoint, args.out, variant=args.variant,
-                          overwrite=args.overwrite)
-    print(f"converted {args.checkpoint} -> {out}")
-    return 0
+    out = port_checkpoint(args.checkpoint, args.out, variant=args.variant, overwrite=args.overwrite)
+    return report_converted(args.checkpoint, out)

@@ -28,6 +28,7 @@ import numpy as np
 
 from ports.keytable import PortError, Rule, conv, convert, identity, linear
 from ports.mobile_sam import prepare_tiny_vit_state_dict, tiny_vit_rules
+from ports.port_cli import add_checkpoint_arguments, report_converted
 from ports.sam import (check_official_keys, check_sam_family, infer_variant, mask_decoder_rules,
                        official_mask_decoder_shapes, official_mlp_shapes,
                        official_prompt_encoder_shapes, official_vit_shapes, patch_conv_transpose,
@@ -177,21 +178,13 @@ def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``python -m ports sam_hq``."""
-    parser.add_argument("--checkpoint", required=True,
-                        help="official SAM-HQ checkpoint (sam_hq_vit_{b,l,h,tiny}.pth)")
-    parser.add_argument("--out", required=True, help="output directory for the converted model")
-    parser.add_argument("--variant", default="auto", choices=("auto",) + VARIANTS,
-                        help="model variant; 'auto' infers it from tensor shapes")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a converted model already in --out")
+    add_checkpoint_arguments(parser, "official SAM-HQ checkpoint (sam_hq_vit_{b,l,h,tiny}.pth)", VARIANTS)
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the port; prints where the model went. Returns an exit code."""
-    out = port_checkpoint(args.checkpoint, args.out, variant=args.variant,
-                          overwrite=args.overwrite)
-    print(f"converted {args.checkpoint} -> {out}")
-    return 0
+    out = port_checkpoint(args.checkpoint, args.out, variant=args.variant, overwrite=args.overwrite)
+    return report_converted(args.checkpoint, out)
 
 
 __all__ = ["VARIANTS", "hq_decoder_rules", "sam_hq_rules", "official_hq_extra_shapes",

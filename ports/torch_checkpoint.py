@@ -13,6 +13,8 @@ import numpy as np
 
 from ports.keytable import PortError
 
+# Key suffix of a torch BatchNorm's step counter (kept in state dicts, unused at inference).
+BATCHNORM_COUNTER_SUFFIX = ".num_batches_tracked"
 # Wrapper keys under which some training codes nest the state dict.
 _NESTED_KEYS = ("model", "state_dict", "model_state_dict")
 
@@ -61,4 +63,42 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
             else value.detach().to("cpu").numpy()
     if not out:
         raise PortError(f"{path}: the checkpoint holds no tensors")
+    return out
+
+
+def drop_batchnorm_counters(state_dict: Mapping[str, np.ndarray], *,
+                            what: str = "checkpoint") -> dict[str, np.ndarray]:
+    """Validates and removes every ``<bn>.num_batches_tracked`` (unused at inference).
+
+    Each counter must be an integer scalar of a module that also has
+    ``running_mean`` and ``running_var``, and every module with running
+    statistics must have its counter. Running variances must be >= 0.
+
+    Raises:
+      PortError: naming the offending key.
+    """
+    out: dict[str, np.ndarray] = {}
+    counters: set[str] = set()
+    for key, value in state_dict.items():
+        if key.endswith(BATCHNORM_COUNTER_SUFFIX):
+            module = key[: -len(BATCHNORM_COUNTER_SUFFIX)]
+            missing = [s for s in ("running_mean", "running_var")
+                       if f"{module}.{s}" not in state_dict]
+            if missing:
+                raise PortError(f"{what}: '{key}' is a BatchNorm counter, but '{module}' has no "
+                                f"{' / '.join(missing)}")
+            array = np.asarray(value)
+            if array.ndim != 0 or not np.issubdtype(array.dtype, np.integer):
+                raise PortError(f"{what}: '{key}' must be an integer scalar; got dtype "
+                                f"{array.dtype}, shape {array.shape}")
+            counters.add(module)
+            continue
+        out[key] = value
+    for key, value in out.items():
+        if key.endswith(".running_var"):
+            module = key[: -len(".running_var")]
+            if module not in counters:
+                raise PortError(f"{what}: BatchNorm '{module}' has no '{module}{BATCHNORM_COUNTER_SUFFIX}'")
+            if np.any(np.asarray(value) < 0):
+                raise PortError(f"{what}: '{key}' has negative running variances")
     return out
