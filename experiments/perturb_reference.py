@@ -354,7 +354,8 @@ def import_advlib_segmentation():
 
     adv-lib imports ``visdom`` at module level for its optional live-plot callback
     (``VisdomLogger``), which these comparisons never create; visdom 0.3.0 does not build
-    from its sdist here, so an empty placeholder module stands in when it is absent.
+    from its sdist here, so when it is absent an empty ``visdom`` module is registered: the
+    import succeeds, and creating a ``VisdomLogger`` would fail with an AttributeError.
     """
     import importlib
     import importlib.util
