@@ -72,8 +72,6 @@ def save(out_dir: str | os.PathLike, params: Mapping, *, family: str, variant: s
       StoreError: ``out_dir`` already holds a model and ``overwrite`` is False,
         or it is a file.
     """
-    from jaxseg_robust import __version__  # noqa: PLC0415
-
     out = pathlib.Path(out_dir).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise StoreError(f"--out {out} exists and is not a directory")
@@ -94,11 +92,7 @@ def save(out_dir: str | os.PathLike, params: Mapping, *, family: str, variant: s
     ckptr = _checkpointer()
     ckptr.save(params_dir, traverse_util.unflatten_dict(tree, sep="/"))
     ckptr.wait_until_finished()
-    meta = {"format_version": FORMAT_VERSION, "family": family, "variant": variant,
-            "config": dict(config), "source": source, "jaxseg_robust_version": __version__}
-    tmp = out / (CONFIG_FILE + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    tmp.replace(config_file)  # config.json appears only once the params are complete
+    _write_meta(out, family, variant, config, source)  # config.json appears only once the params are complete
     return os.fspath(out)
 
 

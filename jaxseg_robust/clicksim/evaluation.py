@@ -71,7 +71,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxseg_robust.attacks.batching import place_like
+from jaxseg_robust.attacks.batching import low_res_shape, place_like
+from jaxseg_robust.attacks.scoring import image_region
 from jaxseg_robust.clicksim.error_region import choose_error_region
 from jaxseg_robust.clicksim.groups import first_argmax_xy, group_bounds, masked_clickability, sample_group_click
 from jaxseg_robust.clicksim.sampling import sample_pixels
@@ -205,28 +206,12 @@ def feedback_enabled(rule: str, round_index, is_positive) -> jax.Array:
     raise ValueError(f"rule must be one of {MASK_FEEDBACK_RULES}; got {rule!r}")
 
 
-def _low_res_shape(segmenter) -> tuple[int, int]:
-    size = getattr(getattr(segmenter, "config", None), "low_res_size", None)
-    if size is None:
-        raise ValueError("segmenter must expose config.low_res_size (the previous-mask input size)")
-    return (int(size), int(size))
-
-
-def _inside(transform: Transform) -> jax.Array:
-    if transform.frame_hw is None:
-        raise ValueError("transform.frame_hw must be set (SamSegmenter.preprocess sets it)")
-    frame_h, frame_w = transform.frame_hw
-    rows = jnp.arange(frame_h) < transform.original_hw[0]
-    cols = jnp.arange(frame_w) < transform.original_hw[1]
-    return rows[:, None] & cols[None, :]
-
-
 def _object_and_valid(gt: jax.Array, transform: Transform) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(object bool, non-ignore image pixels bool, image pixels bool), all [Hf, Wf]."""
     gt = jnp.asarray(gt)
     if gt.shape != tuple(transform.frame_hw):
         raise ValueError(f"gt shape {gt.shape} differs from the transform's frame {transform.frame_hw}")
-    inside = _inside(transform)
+    inside = image_region(transform)
     return (gt == 1) & inside, (gt != -1) & inside, inside
 
 
@@ -260,7 +245,7 @@ def simulate_trajectory(segmenter, params, features, transform: Transform, gt, c
     """
     obj, valid, inside = _object_and_valid(gt, transform)
     rounds = config.num_rounds
-    low_res = jnp.zeros(_low_res_shape(segmenter), jnp.float32)
+    low_res = jnp.zeros(low_res_shape(segmenter), jnp.float32)
     state = (jnp.zeros_like(obj), jnp.ones_like(obj), jnp.zeros((rounds, 2), jnp.float32),
              jnp.full((rounds,), PADDING_LABEL, jnp.int32), low_res)
     is_base = jnp.asarray(is_base, bool)
@@ -338,7 +323,7 @@ def evaluate_single_clicks(segmenter, params, features, transform: Transform, gt
       f32[U] IoU per click (no previous mask; the prediction thresholded at ``config.threshold``).
     """
     obj, valid, inside = _object_and_valid(gt, transform)
-    low_res = jnp.zeros(_low_res_shape(segmenter), jnp.float32)
+    low_res = jnp.zeros(low_res_shape(segmenter), jnp.float32)
 
     def one(point):
         prompts = Prompts(points=point.astype(jnp.float32)[None], labels=jnp.full((1,), POSITIVE_LABEL, jnp.int32),
@@ -550,7 +535,7 @@ def make_rclicks_batch_fn(segmenter, params, click_model, click_params=None, *,
         per-instance seeds collide (their clicks could not be told apart).
     """
     config = RClicksConfig() if config is None else config
-    _low_res_shape(segmenter)
+    low_res_shape(segmenter)
     by_seed: dict[int, np.ndarray] = {}
     if user_clicks:
         owners: dict[int, tuple[str, str]] = {}
