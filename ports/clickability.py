@@ -1,6 +1,6 @@
 """RClicks clickability model (``clickability_model.pth``, SegNeXtSaliency arch 'b').
 
-The official file is a plain state dict of 862 tensors (spec rclicks.md
+The official file is a plain state dict of 862 tensors (docs/protocols/rclicks.md
 §3.8): 720 learnable, 47 BatchNorms × (running_mean, running_var,
 num_batches_tracked) and the NMF ``bases`` buffer. The port is strict:
 

@@ -1,6 +1,6 @@
 """Tests of the click trajectories (RITM baseline, TETRIS min/max) on the tiny random SAM.
 
-Spec: ../shared/spec/prompt-attacks.md §1, §2.2-2.3, §3, §7, §8. The
+Spec: docs/protocols/tetris.md §1, §2.2-2.3, §3, §7, §8. The
 independent re-statements below (clicker, location loss, one Adam update, the
 baseline loop) use NumPy/SciPy and the model's own ``decode`` as the oracle,
 never the module's internals.

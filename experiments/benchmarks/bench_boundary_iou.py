@@ -16,7 +16,7 @@ and a van Herk / Gil-Werman block scan via ``lax.associative_scan``, which is
 why the library uses bit-packed doubling (see jaxseg_robust/ops/morphology.py).
 
 Run: ``python experiments/benchmarks/bench_boundary_iou.py [--batch 64] [--repeats 5] [--ablation]``.
-For fair CPU timings set the allocator as in ../shared/design/BENCHMARKING.md
+For fair CPU timings set the allocator as in docs/benchmarking.md
 (``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736
 MALLOC_TOP_PAD_=1073741824``); the script prints what it ran with.
 """

@@ -1,6 +1,6 @@
 """BREPS box attack throughput: our batched JAX attack vs a reference loop as the BREPS code runs it.
 
-Usage (tuned allocator, as ../shared/design/BENCHMARKING.md recommends; the script records it):
+Usage (tuned allocator, as docs/benchmarking.md recommends; the script records it):
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 \\
     MALLOC_TOP_PAD_=1073741824 python experiments/benchmarks/bench_breps.py \\

@@ -16,7 +16,7 @@ faster than the reference). Other processes share the CPU: compare ratios from
 one run, not absolute times across runs.
 
 Run: ``python experiments/benchmarks/bench_clicksim.py [--height 1365 --width 2048 --clicks 64 --repeats 5]``.
-For fair CPU timings set the allocator as in ../shared/design/BENCHMARKING.md
+For fair CPU timings set the allocator as in docs/benchmarking.md
 (``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736
 MALLOC_TOP_PAD_=1073741824``); the script prints what it ran with.
 """

@@ -27,7 +27,7 @@ Run: ``python experiments/benchmarks/bench_distance_components.py [--batch 16]
 [--repeats 5] [--cpus N] [--only edt,cc,click]``. ``--cpus N`` pins the process to N
 cores before JAX starts (scipy/OpenCV are single-threaded; XLA splits large loop
 bodies over its thread pool, which on a busy machine can cost more than it gains).
-For fair CPU timings set the allocator as in ../shared/design/BENCHMARKING.md; the
+For fair CPU timings set the allocator as in docs/benchmarking.md; the
 script prints what it ran with. The batch default is 16, not 64: with ``--batch 64``
 the process peaked at ~4 GB RSS (the vmapped transforms fold the batch into one
 stack of 64M pixels and keep several int32 copies of it); per-mask batched times were

@@ -20,7 +20,7 @@ agree closely; the group trajectories are random on both sides).
 Other processes share the CPU: compare the ratio of one run.
 
 Run: ``python experiments/benchmarks/bench_rclicks.py [--rounds 20 --groups 10 --repeats 2]``
-(allocator as in ../shared/design/BENCHMARKING.md; the script prints what it ran with).
+(allocator as in docs/benchmarking.md; the script prints what it ran with).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Flax SAM vs the official PyTorch SAM: image encoder and batched decoding, one process.
 
-Usage (tuned allocator, as BENCHMARKING.md recommends; the script records it):
+Usage (tuned allocator, as docs/benchmarking.md recommends; the script records it):
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 \\
     MALLOC_TOP_PAD_=1073741824 python experiments/benchmarks/bench_sam.py \\

@@ -1,6 +1,6 @@
 """TETRIS click attack (MIN and MAX, K clicks x S iterates) throughput: jaxseg_robust vs a papers'-style torch loop.
 
-Usage (tuned allocator, as ../shared/design/BENCHMARKING.md recommends; the script records it):
+Usage (tuned allocator, as docs/benchmarking.md recommends; the script records it):
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 \\
     MALLOC_TOP_PAD_=1073741824 python experiments/benchmarks/bench_tetris.py \\

@@ -7,7 +7,7 @@ in one process on the same machine, on 1024x1024 masks, and prints every
 timing as a ratio against its reference (> 1 means jaxseg_robust is faster).
 
 Run: ``python experiments/benchmarks/foundation.py [--batch 64] [--repeats 5]``
-with the allocator settings of ../shared/design/BENCHMARKING.md for fair CPU
+with the allocator settings of docs/benchmarking.md for fair CPU
 timings (the sub-benchmarks print the environment they ran with).
 """
 

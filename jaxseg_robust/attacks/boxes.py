@@ -1,6 +1,6 @@
 """BREPS box protocols on the Segmenter protocol: adversarial boxes (min/max), tight, jitter, fixed boxes.
 
-Spec: ../shared/spec/prompt-attacks.md §2.3-2.4 (SAM input pipeline, boxes),
+Spec: docs/protocols/breps.md §2.3-2.4 (SAM input pipeline, boxes),
 §4 (the attack), §4.8 (jitter), §4.9 (real-user boxes), §7 (hyper-parameters,
 paper/code table rows 7-15), §8 (pitfalls).
 

@@ -1,6 +1,6 @@
 """Click trajectories on the Segmenter protocol: the RITM baseline and TETRIS adversarial clicks (min/max).
 
-Spec: ../shared/spec/prompt-attacks.md §1 (baseline clicker), §2.2 (disk
+Spec: docs/protocols/tetris.md §1 (baseline clicker), §2.2 (disk
 rendering), §2.3 (SAM input pipeline), §3.1-3.3 and §3.5 (the attack and its
 metrics), §7 (hyper-parameters, paper/code table rows 1-6), §8 (pitfalls).
 

@@ -1,6 +1,6 @@
 """Exhaustive prompt grids: TETRIS per-pixel click heatmaps and BREPS centred (h, w) box heatmaps.
 
-Spec: ../shared/spec/prompt-attacks.md §5.1 (click grid), §5.2 (centred box
+Spec: docs/protocols/grids.md §5.1 (click grid), §5.2 (centred box
 grid, C-B heatmaps/comp_hw.py), §5.3 (corner heatmap, draw_heatmaps.py), §2.3
 (SAM input pipeline), §6 (Boundary IoU), §7.
 

@@ -1,6 +1,6 @@
 """jaxseg_robust.clicksim: RClicks click data, clickability maps and clicking groups.
 
-Modules (spec: ../shared/spec/rclicks.md):
+Modules (docs/protocols/rclicks.md):
   * ``clicks_csv``    -- reader/validator of the published clicks CSV, tasks, split files (§1).
   * ``previous_mask`` -- previous-round mask PNGs of subsequent-round tasks (§1.2 step 5).
   * ``clickability``  -- error masks, ground-truth clickability maps, UD / DT baselines (§1.2, §2, §4).

@@ -1,6 +1,6 @@
 """Click models of the simulated benchmark user: the clickability network and the DT / UD baselines.
 
-Reference: ../shared/spec/rclicks.md §3.6 (the benchmark wrapper ``SegNeXtSaliencyApply``),
+Reference: docs/protocols/rclicks.md §3.6 (the benchmark wrapper ``SegNeXtSaliencyApply``),
 §4 (baselines), §5.2 step 4 (``M = Apply(I, gt, R)``).
 
 A click model turns the error region ``R`` of a round into a non-negative map ``M``

@@ -1,6 +1,6 @@
 """Ground-truth clickability maps from real clicks, and the UD / DT baseline click maps.
 
-Reference: ../shared/spec/rclicks.md §1.2 (error masks), §2 (ground-truth maps),
+Reference: docs/protocols/rclicks.md §1.2 (error masks), §2 (ground-truth maps),
 §4 (baseline click models), §8.2 rows 1-3 and 21 (paper/code disagreements).
 
 Conventions

@@ -1,6 +1,6 @@
 """Reader and validator of the RClicks clicks CSV (``datasets/clicks.csv``, ``previews.csv``).
 
-Reference: ../shared/spec/rclicks.md §1.1 (schema), §1.2 (loading a task), §1.3 (size cap).
+Reference: docs/protocols/rclicks.md §1.1 (schema), §1.2 (loading a task), §1.3 (size cap).
 
 One row is one real-user click. Required columns (any order; extra columns are
 ignored)::

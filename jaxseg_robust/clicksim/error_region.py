@@ -1,6 +1,6 @@
 """Error type and error region of one simulated round (RClicks benchmark clicker).
 
-Reference: ../shared/spec/rclicks.md §5.2 steps 1-3 (C-R ``isegm/inference/clicker.py``
+Reference: docs/protocols/rclicks.md §5.2 steps 1-3 (C-R ``isegm/inference/clicker.py``
 ``Clicker._get_next_click``). The polarity is chosen exactly as the RITM baseline
 clicker does; the region handed to the clickability model is then the **whole**
 FN or FP mask (every connected component), not only its largest region.

@@ -1,6 +1,6 @@
 """The RClicks multi-round simulated evaluation on any Segmenter (one jitted program per bucket).
 
-Reference: ../shared/spec/rclicks.md §5.1 (modes), §5.2 (one clicking-group
+Reference: docs/protocols/rclicks.md §5.1 (modes), §5.2 (one clicking-group
 trajectory), §5.3 (randomness, sample counts), §5.4 (SAM-family wrapper).
 
 Modes, all computed for every instance in one compiled call:

@@ -1,6 +1,6 @@
 """Clicking groups G1..G10: probability-mass bands of a clickability map, and sampling in a band.
 
-Reference: ../shared/spec/rclicks.md §5.2 steps 4-6 and §5.3 (C-R ``isegm/inference/clicker.py``).
+Reference: docs/protocols/rclicks.md §5.2 steps 4-6 and §5.3 (C-R ``isegm/inference/clicker.py``).
 
 Band rule (one group with mass bounds ``q_lo < q_hi``, default ``(g-1)/10, g/10``)::
 

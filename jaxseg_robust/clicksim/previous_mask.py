@@ -1,6 +1,6 @@
 """Previous-round masks of the RClicks click dataset (``SUBSEC_MASKS/.../<full_stem>.png``).
 
-Reference: ../shared/spec/rclicks.md §1.2 step 5 (C-R ``clickmap.py`` ``Clicks.prev_mask``):
+Reference: docs/protocols/rclicks.md §1.2 step 5 (C-R ``clickmap.py`` ``Clicks.prev_mask``):
 the PNG is read as a 3-channel colour image, the **red** channel is taken and
 divided by 255; the result is a soft float mask, not re-binarised.
 """

@@ -1,6 +1,6 @@
 """Drawing pixels from a non-negative weight map, and the per-image random keys.
 
-Reference: ../shared/spec/rclicks.md §5.3 (randomness) and §7 (bootstrap sampling).
+Reference: docs/protocols/rclicks.md §5.3 (randomness) and §7 (bootstrap sampling).
 
 The reference draws flat pixel indices with ``numpy.random.choice(p=w / sum w)``
 from a global MT19937 stream. A JAX port cannot reproduce that stream; it uses

@@ -1,6 +1,6 @@
 """Real first-round clicks of benchmark instances, from the clicks CSV (the ``User`` mode, §5.1).
 
-Reference: ../shared/spec/rclicks.md §1.1-§1.3 (schema, tasks, size cap), §5.1 (``User``:
+Reference: docs/protocols/rclicks.md §1.1-§1.3 (schema, tasks, size cap), §5.1 (``User``:
 every real first-round click of the instance, both devices, CSV order), §6.2
 (instances without clicks are skipped).
 

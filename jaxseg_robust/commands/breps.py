@@ -1,6 +1,6 @@
 """`jaxseg-robust breps`: BREPS box robustness of a SAM-family model on benchmark datasets.
 
-Protocols (``--mode``; spec prompt-attacks.md §4, defaults = the reference code):
+Protocols (``--mode``; docs/protocols/breps.md §4, defaults = the reference code):
   minmax  (default) the MIN and the MAX box attacks on one embedding per image:
           IoU-Tight/Min/Max/Δ@BBox per dataset;
   min, max  one attack (with IoU-Tight@BBox);

@@ -1,6 +1,6 @@
 """`jaxseg-robust grid`: exhaustive prompt grids: TETRIS click heatmaps and BREPS centred (h, w) box heatmaps.
 
-Kinds (``--kind``; spec prompt-attacks.md §5, `jaxseg_robust.attacks.grid`):
+Kinds (``--kind``; docs/protocols/grids.md §5, `jaxseg_robust.attacks.grid`):
   click  one positive click at every ``--stride``-th pixel (first-click grid,
          multimask + argmax), or with ``--prefix baseline`` the second click
          after the fixed baseline first click; ``--region`` restricts the

@@ -1,6 +1,6 @@
 """`jaxseg-robust perturb`: the L∞ image-perturbation battery on a dense or prompted model, resumable.
 
-Runs the attacks of ../shared/spec/perturbation-attacks.md (PAdam-CE/Cos, the
+Runs the attacks of docs/protocols/perturbation.md (PAdam-CE/Cos, the
 four SEA losses, DAG-0.001/0.003, PDPGD, ALMA prox, plus the clean image as a
 candidate) on every instance of the datasets, through
 `jaxseg_robust.runner.engine.run`: one append-only record per instance (the

@@ -8,7 +8,7 @@ network (a directory or the zoo name ``rclicks_clickability``) or the ``dt`` /
 click (User) and as many sampled first-round clicks (SamplingUsersCount).
 Records go to the run directory (append-only, resumable: rerun the same command
 to continue); at the end the per-dataset table (NoC20@90, NoF20@90,
-IoU-AuC20, NSR, first-round columns; spec rclicks.md §6) is printed and written
+IoU-AuC20, NSR, first-round columns; docs/protocols/rclicks.md §6) is printed and written
 as ``rclicks_noc.md`` / ``rclicks_noc.csv`` with a clicking-groups figure per
 plotted instance (``groups_<dataset>_<id>.png``).
 

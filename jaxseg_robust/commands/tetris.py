@@ -1,6 +1,6 @@
 """`jaxseg-robust tetris`: TETRIS adversarial click trajectories (and the RITM baseline) on benchmark datasets.
 
-Protocols (``--mode``; spec prompt-attacks.md §1, §3, defaults = the TETRIS code, §7.1):
+Protocols (``--mode``; docs/protocols/tetris.md §1, §3, defaults = the TETRIS code, §7.1):
   minmax    (default) the MIN and the MAX attack on one embedding per image,
             IoU/BIoU-AuC@10 Min / Max / Δ per dataset;
   min, max  one attack;

@@ -7,7 +7,7 @@ exception is a multi-object kind (``tetris``), whose instance list depends on
 the ids present in each mask, so listing decodes the masks (optionally cached
 in a JSON index, ``objects_index=``).
 
-Kinds (``KINDS``; spec prompt-attacks.md §6 and rclicks.md §1.3, which follow
+Kinds (``KINDS``; docs/protocols/tetris.md §6 and rclicks.md §1.3, which follow
 the RITM loaders; "channel c" below means channel c of OpenCV's BGR read):
 
 ========== =========================================== =================================================
@@ -35,7 +35,7 @@ channel 2 and the packed TETRIS id is ``R + 256*G + 65536*B`` of the Pillow
 read. The ``folder`` kind reads masks with `jaxseg_robust.data.masks_io`
 (grey value, palette *index*, or max over R, G, B; no EXIF orientation).
 
-Reconciliation with the shared real data (`../shared/data/real`, checked by
+Reconciliation with the project's real sample images and masks (checked by
 tests/test_data_datasets.py): its MANIFESTs word the rules differently —
 GrabCut "fg ==255, ignore ==128", Berkeley "channel 0 > 128" (channel 0 of the
 OpenCV read = blue), DAVIS "palette index != 0", COCO-MVal "value > 128" —

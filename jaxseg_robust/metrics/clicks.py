@@ -1,6 +1,6 @@
 """Click-distribution metrics: PL1, Wasserstein distance, 2-D KS test, NSS, PDE (RClicks).
 
-Reference: ../shared/spec/rclicks.md §7 and §8.2 rows 10-11 (C-R
+Reference: docs/protocols/rclicks.md §7 and §8.2 rows 10-11 (C-R
 ``scripts/evaluate_click_models.py``, ``rclicks/ndtest.py``).
 
 Inputs per task: ground-truth clicks ``(x_k, y_k)``, ``k = 1..n`` (integer pixels,

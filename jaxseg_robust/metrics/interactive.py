@@ -3,7 +3,7 @@
 A curve is ``ious[..., K]``: the score after click 1, 2, ..., K of one
 instance (one trajectory). Conventions follow the reference code:
 
-  * NoC@t (RITM ``compute_noc_metric``; RClicks ../shared/spec/rclicks.md §6.1):
+  * NoC@t (RITM ``compute_noc_metric``; RClicks docs/protocols/rclicks.md §6.1):
     the 1-based index of the first click whose IoU is ``>= t`` among the first
     ``max_clicks``; ``max_clicks`` (not ``max_clicks + 1``) when never reached.
   * NoF@t (RITM; RClicks §6.2 and §8.2 #15): number of instances whose NoC
@@ -13,7 +13,7 @@ instance (one trajectory). Conventions follow the reference code:
   * IoU-AuC: trapezoid rule with unit spacing divided by ``K - 1``, i.e.
     ``(u_1/2 + u_2 + ... + u_{K-1} + u_K/2) / (K - 1)`` in [0, 1].
     The two benchmarks differ only in *where* they average:
-      - TETRIS (../shared/spec/prompt-attacks.md §3.5), AuC@10: the AuC of the
+      - TETRIS (docs/protocols/tetris.md §3.5), AuC@10: the AuC of the
         **mean curve over instances** (:func:`tetris_auc`);
       - RClicks (§6.1), IoU-AuC@20: the AuC **per instance**
         (:func:`rclicks_auc`), averaged over instances (and groups) later.
@@ -218,7 +218,7 @@ class MinMaxDelta(NamedTuple):
 def tetris_min_max_delta(
     ious_min_run, ious_max_run, num_clicks: int = TETRIS_NUM_CLICKS, *, skip_nan: bool = False
 ) -> MinMaxDelta:
-    """TETRIS IoU-Min / IoU-Max / IoU-D (prompt-attacks.md §3.5).
+    """TETRIS IoU-Min / IoU-Max / IoU-D (docs/protocols/tetris.md §3.5).
 
     Args:
       ious_min_run, ious_max_run: float[..., N, K] per-click scores of the MIN
@@ -246,7 +246,7 @@ def _mean_over_instances(values, skip_nan: bool) -> jnp.ndarray:
 
 @functools.partial(jax.jit, static_argnames=("skip_nan",))
 def breps_min_max_delta(final_min_run, final_max_run, *, skip_nan: bool = False) -> MinMaxDelta:
-    """BREPS IoU-Min@BBox / IoU-Max@BBox / IoU-Δ@BBox (prompt-attacks.md §4.6).
+    """BREPS IoU-Min@BBox / IoU-Max@BBox / IoU-Δ@BBox (docs/protocols/breps.md §4.6).
 
     Args:
       final_min_run, final_max_run: float[..., N] final per-instance IoU of the

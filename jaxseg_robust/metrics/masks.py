@@ -1,6 +1,6 @@
 """Binary-mask metrics: mask IoU, Boundary IoU, min(IoU, BIoU), trimap IoU, boundary F-measure.
 
-Follows ../shared/spec/boundary-iou.md (the official Boundary IoU API and the
+Follows docs/protocols/boundary_iou.md (the official Boundary IoU API and the
 RITM-style wrappers of the interactive-segmentation benchmarks).
 
 Inputs (the same for every function here):

@@ -1,6 +1,6 @@
 """RClicks benchmark aggregation: NoC20@90, NoF20@90, IoU-AuC20 per group and per dataset.
 
-Reference: ../shared/spec/rclicks.md §6 (C-R ``compute_benchmark_metrics.ipynb``) and
+Reference: docs/protocols/rclicks.md §6 (C-R ``compute_benchmark_metrics.ipynb``) and
 §8.2 rows 12-15. Pure NumPy functions of per-instance IoU arrays (the host-side
 end of a run; `jaxseg_robust.metrics.interactive` holds the per-curve metrics).
 

@@ -1,6 +1,6 @@
 """Semantic-segmentation metrics: confusion matrix, pixel accuracy, per-class IoU, CmIoU, NmIoU.
 
-Follows ../shared/spec/perturbation-attacks.md §6 (P-H Eqs. 6-7):
+Follows docs/protocols/perturbation.md §6 (P-H Eqs. 6-7):
 
   * Counted pixels ``V``: ``valid`` (optional mask) AND ``0 <= label < C`` AND
     ``label != ignore_index``; predictions outside ``V`` never count.

@@ -4,7 +4,7 @@ Boxes are ``(x1, y1, x2, y2)`` on a trailing axis of size 4, in pixels of a
 stated frame. Continuous quantities (area, IoU, CIoU) use ``w = x2 - x1`` and
 ``h = y2 - y1`` without the +1 of inclusive pixel counting, exactly as the
 reference code (torchvision) does, even though tight boxes are stored as
-inclusive pixel indices (spec prompt-attacks §2.4).
+inclusive pixel indices (docs/protocols/breps.md §2.4).
 
 Everything is pure and jit/vmap/grad-safe. Where the reference produces a
 NaN or an infinity, the *values* here are the same IEEE values, but the

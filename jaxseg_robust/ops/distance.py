@@ -17,11 +17,11 @@ Conventions and degenerate inputs
   which is strictly larger than any attainable squared distance inside the image,
   so it acts as a finite cap (safe for products with a rendered disk and for
   gradients). ``distance_transform_edt(..., no_zero_value=...)`` overrides it (e.g.
-  ``jnp.inf``). The spec (prompt-attacks §3.2 item 1, §8 pitfall 6) asks for such
+  ``jnp.inf``). docs/protocols/tetris.md (§3.2 item 1, §8) calls for such
   a guard for the location-loss maps.
 * ``pad_border=True`` zero-pads by one pixel on every side before the transform and
   crops afterwards, i.e. the image border counts as background. This is the map the
-  RITM baseline clicker uses (prompt-attacks §1 step 2-3). It always has a zero pixel.
+  RITM baseline clicker uses (docs/protocols/tetris.md §1 steps 2-3). It always has a zero pixel.
 
 Algorithm (why this one)
 ------------------------

@@ -3,7 +3,7 @@
 Two renderers, both pure, jit- and vmap-safe:
 
 * `hard_disk_click_maps` reproduces RITM's ``DistMaps(use_disks=True)``
-  (spec prompt-attacks §2.1): pixel ``(r, c)`` is 1 in a channel iff some click
+  (docs/protocols/tetris.md §2.1): pixel ``(r, c)`` is 1 in a channel iff some click
   of that sign satisfies ``(r - y)^2 + (c - x)^2 <= R^2``. Pixel indices are
   compared with the click position directly (no +0.5). It has no useful
   gradient.

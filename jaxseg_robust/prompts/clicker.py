@@ -1,4 +1,4 @@
-"""The RITM baseline clicker as pure functions (spec prompt-attacks.md §1).
+"""The RITM baseline clicker as pure functions (docs/protocols/tetris.md §1).
 
 One step of the RITM ``Clicker`` (``isegm/inference/clicker.py``, identical in the
 TETRIS, BREPS and RClicks code; RClicks' version only adds an optional click model

@@ -1,4 +1,4 @@
-"""The BREPS jitter baseline: tight boxes translated at random (spec prompt-attacks §4.8).
+"""The BREPS jitter baseline: tight boxes translated at random (docs/protocols/breps.md §4.8).
 
 The reference (C-B ``scripts/evaluate_jitters.py``) reseeds Python's global
 ``random`` with 42 for *every image*, so every image gets the same sequence of

@@ -5,7 +5,7 @@ box only, box + clicks, with or without a previous mask): unused point slots
 carry label -1 and are masked out inside the model, and the box and the mask
 input are switched on and off with boolean flags.
 
-Conventions (see ../shared/design/ARCHITECTURE.md):
+Conventions (see docs/ARCHITECTURE.md, "The Segmenter seam"):
   * coordinates are (x, y) in pixels of the *original* image; the model adds
     any pixel-centre offset its reference adds (SAM: +0.5);
   * labels: 1 positive click, 0 negative click, -1 an unused (padding) slot;

@@ -8,7 +8,7 @@ dataset rows (the paper also quotes averages over datasets). `to_markdown` /
 `to_csv` render it (`jaxseg_robust.reports.tables`); `load_run_records` (kept importable
 here, from `jaxseg_robust.reports.report_files`) reads a run directory.
 
-Columns by mode (spec prompt-attacks §4.6, §4.8, §4.9), each a dataset mean of
+Columns by mode (docs/protocols/breps.md §4.6, §4.8, §4.9), each a dataset mean of
 per-instance values, NaNs skipped (an instance whose IoU is undefined, i.e.
 an empty union outside the ignore band, is counted in ``undefined``):
 

@@ -4,7 +4,7 @@
 
 Reads the run's manifest (candidate names, classes) and its records (one per
 instance: the per-candidate confusion matrices of §5/§6 of
-../shared/spec/perturbation-attacks.md) and writes, into ``RUN_DIR/report``
+docs/protocols/perturbation.md) and writes, into ``RUN_DIR/report``
 by default:
 
   * ``table.md`` / ``table.csv``: Acc (pooled), CmIoU, NmIoU (image-wise) per

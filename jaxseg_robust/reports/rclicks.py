@@ -1,6 +1,6 @@
 """RClicks report: the per-dataset NoC table (Markdown + CSV) and a clicking-groups figure (PNG).
 
-Table (spec rclicks.md §6.2, `metrics.rclicks_benchmark.dataset_benchmark` per dataset):
+Table (docs/protocols/rclicks.md §6.2, `metrics.rclicks_benchmark.dataset_benchmark` per dataset):
 NoC20@90 ``Sample mean ± std``, ``Base``, ``ΔSB``, ``ΔGR``, ``ΔHH`` (percent),
 NoF20@90 Sample / Base, IoU-AuC20 Sample / Base (×100), NSR@20 (×100) and the
 first-round columns (User IoU@1 ± std, Sample IoU@1 ± std, Base IoU@1, NSR@1,

@@ -6,7 +6,7 @@ Records (``jaxseg-robust tetris``): one per instance, payload ``{trajectory:
 per-click ``iou``, ``biou``, ``clicks`` (row, col), ``is_positive``, ...) plus
 ``source`` (`jaxseg_robust.reports.sources`).
 
-Columns (spec prompt-attacks §3.5; `attacks.clicks.trajectory_scores`), per dataset:
+Columns (docs/protocols/tetris.md §3.5; `attacks.clicks.trajectory_scores`), per dataset:
   iou_min / iou_max / iou_delta   IoU-AuC@K of the mean curve of the MIN / MAX
                                   run and MAX - MIN (TETRIS Table: K = 10);
   biou_*                          the same for Boundary IoU;

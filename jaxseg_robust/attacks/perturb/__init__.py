@@ -1,6 +1,6 @@
 """L∞ image-perturbation attack battery of Halmosi et al. (ECCV'24), jitted and batched.
 
-Spec: ../shared/spec/perturbation-attacks.md. Every attack takes a plain model
+Spec: docs/protocols/perturbation.md. Every attack takes a plain model
 ``logits_fn(params, images f32[B,H,W,3] in [0,1]) -> logits f32[B,H,W,C]`` and
 returns an :class:`AttackResult` (adversarial images, per-instance forward /
 backward counts, per-instance diagnostics).

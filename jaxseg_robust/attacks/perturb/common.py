@@ -1,6 +1,6 @@
 """Shared pieces of the perturbation attacks: result type, void policy, projection, statistics.
 
-Conventions (../shared/spec/perturbation-attacks.md, notation of §0):
+Conventions (docs/protocols/perturbation.md, notation of §0):
 
   * A model is a plain function ``logits_fn(params, images) -> logits`` with
     ``images`` f32[B, H, W, 3] RGB in [0, 1] and ``logits`` f32[B, H, W, C] at the

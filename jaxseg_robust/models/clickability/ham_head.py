@@ -1,7 +1,7 @@
 """LightHamHead (SegNeXt decode head) with NMF matrix decomposition, NHWC.
 
 Behaviour of mmseg 1.2.2 ``mmseg/models/decode_heads/ham_head.py`` as
-configured by RClicks (spec rclicks.md §3.4): all four stages are resized
+configured by RClicks (docs/protocols/rclicks.md §3.4): all four stages are resized
 to the stage-1 grid (bilinear, align_corners=False), concatenated, squeezed
 (Conv1x1 -> GN -> ReLU), passed through the "hamburger" (Conv1x1 + ReLU ->
 NMF -> Conv1x1 -> GN, residual, ReLU), aligned (Conv1x1 -> GN -> ReLU) and

@@ -1,4 +1,4 @@
-"""Input preparation and output mapping of the clickability model (spec rclicks.md §3.6).
+"""Input preparation and output mapping of the clickability model (docs/protocols/rclicks.md §3.6).
 
 Host side (numpy, no OpenCV needed):
 

@@ -11,7 +11,7 @@
 Inputs are letterboxed canvases (`letterbox.prepare_inputs`): ``image``
 f32[B, S, S, 3] ImageNet-normalised and ``aux`` f32[B, S, S, 2] = [G, E].
 
-Variables (spec rclicks.md §3.8 gives the torch side):
+Variables (docs/protocols/rclicks.md §3.8; the torch side is in ports/clickability.py):
   ``params``       trainable weights (conv kernels [kh, kw, in/groups, out],
                    BN/LN/GN ``scale``/``bias``, ``layer_scale_*``, the mask
                    encoder's ``scale`` f32[1]);

@@ -3,7 +3,7 @@
 Behaviour of mmseg 1.2.2 ``mmseg/models/backbones/mscan.py`` as patched by
 RClicks (``IsMSCAN``/``IsStemConv``): the stem's output (after its second
 BatchNorm) gets the mask-encoder features added before the first stage's
-blocks (spec rclicks.md §3.3). Module and parameter names mirror the torch
+blocks (docs/protocols/rclicks.md §3.3). Module and parameter names mirror the torch
 attribute names so the port's key table reads one-to-one; block ``j`` of
 stage ``s`` is the module ``block{s}_{j}``.
 

@@ -1,4 +1,4 @@
-"""Training the clickability network (spec rclicks.md §3.7, C-R ``train_click_model.py``).
+"""Training the clickability network (docs/protocols/rclicks.md §3.7, C-R ``train_click_model.py``).
 
 Recipe: KLD loss between the min-max output and the GT clickability map,
 Adam (β 0.9/0.999, eps 1e-8, no weight decay) with lr 0.01 on *all* trainable

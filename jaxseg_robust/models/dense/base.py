@@ -1,7 +1,7 @@
 """The dense-model protocol: images in [0, 1] -> per-pixel class logits.
 
 This is the seam between the image-perturbation attacks (spec
-perturbation-attacks.md, notation ``f(x) = z``) and the models they attack:
+docs/protocols/perturbation.md, notation ``f(x) = z``) and the models they attack:
 
     model.apply(params, images f32[B, H, W, 3] in [0, 1]) -> logits f32[B, H, W, C]
 
