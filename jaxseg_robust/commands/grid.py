@@ -143,9 +143,9 @@ def _safe(text: str) -> str:
     """``text`` if it is a safe file name, else its safe form plus a short hash (distinct names stay distinct)."""
     import hashlib  # noqa: PLC0415
 
-    from jaxseg_robust.reports.report_files import safe_name  # noqa: PLC0415
+    from jaxseg_robust.reports.report_files import sanitize_name  # noqa: PLC0415
 
-    safe = safe_name(text)
+    safe = sanitize_name(text)
     return safe if safe == text else f"{safe}-{hashlib.sha1(str(text).encode()).hexdigest()[:8]}"
 
 
