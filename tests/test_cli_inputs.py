@@ -1,4 +1,5 @@
-"""Inputs people actually have, through the CLI: 0/1 label masks, noise masks, folder-only mask flags."""
+"""Inputs people actually have, through the CLI: 0/1 label masks, noise masks, folder-only mask flags, flag
+values that could only give an empty or degenerate table (refused up front, exit 2, one line)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from PIL import Image
 
 from cli_helpers import GOOD, folder_flags, make_folder, run_cli
 from jaxseg_robust import cli
+from jaxseg_robust.commands.grid import prompt_count
 from jaxseg_robust.data.datasets import DatasetWarning
 from jaxseg_robust.runner.records import latest_records, read_run_records
 
@@ -54,3 +56,16 @@ def test_zero_one_label_masks_run_and_a_noise_mask_is_named(tmp_path, capsys):
     messages = [str(w.message) for w in caught if issubclass(w.category, DatasetWarning)]
     assert sum("toy: masks hold 0/1 labels" in m for m in messages) == 1 and "allow_empty" not in err
     assert sum("n0.png: not a two-valued mask" in m for m in messages) == 1
+
+
+@pytest.mark.parametrize("kind, stride, fine", [("click", 48, 47), ("box", 97, 96)])
+def test_a_grid_stride_larger_than_every_image_is_refused(tmp_path, capsys, kind, stride, fine):
+    folder = make_folder(tmp_path, bad=False)  # 40 x 48 images
+    out = tmp_path / "run"
+    argv = ["grid", "--kind", kind, "--model", "sam_tiny", *folder_flags(folder), "--out", str(out),
+            "--progress", "none", "--stride", str(stride)]
+    code, _, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_FAILURE and not out.exists()
+    assert f"--stride {stride} leaves a single" in err and f"--stride {fine} or less" in err
+    assert len(err.strip().splitlines()) == 1
+    assert prompt_count(kind, fine, 40, 48) >= 2 and prompt_count(kind, stride, 40, 48) == 1
