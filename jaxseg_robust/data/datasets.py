@@ -553,13 +553,13 @@ def _load_ritm_single(
     if decoder == "grabcut":
         gt = decode_grabcut_gt(mask[..., 2])
         _check_values(name, mask[..., 2], mask_path, valid=mask[..., 2] != 128)
-        values, what = mask[..., 2], "grabcut decoding: object = channel 0 > 128 or == 1, 128 = ignore"
+        what = "grabcut decoding: object = channel 0 > 128 or == 1, 128 = ignore"
     else:
         gt = decode_davis_gt(mask)
         _check_values(name, mask, mask_path, labels=DAVIS_MAX_LABELS)
-        values, what = mask.max(axis=-1), "davis decoding: object = any colour channel > 0"
-    if not allow_empty:
-        _require_object(name, gt, mask_path, what, values)
+        what = "davis decoding: object = any colour channel > 0"
+    if not allow_empty and not np.any(gt == 1):
+        _require_object(name, gt, mask_path, what, mask[..., 2] if decoder == "grabcut" else mask.max(axis=-1))
     return make_instance(instance_id, image, gt, dataset=dataset, source_paths=(image_path, mask_path))
 
 

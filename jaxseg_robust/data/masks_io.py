@@ -44,7 +44,7 @@ MASK_SUFFIXES = (".png", ".bmp", ".jpg", ".jpeg", ".tif", ".tiff", ".gif", ".web
 DEFAULT_RULE = ">128"
 OFF_VALUE_LIMIT = 0.02     # fraction of pixels far from the two commonest values that makes a warning
 LABEL_SHARE = 0.002        # `off_value_fraction` with several labels: a value of >= 0.2 % of the pixels is a label
-_SAMPLE_PIXELS = 1 << 20   # pixels looked at by `off_value_fraction` (an even stride over larger masks)
+_SAMPLE_PIXELS = 1 << 16   # pixels looked at by `off_value_fraction` (an even stride over larger masks)
 
 _OPERATORS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
 _RULE_PATTERN = re.compile(r"^\s*(>=|>|==|!=)\s*(\d+)\s*$")
@@ -236,7 +236,7 @@ def off_value_fraction(channels, valid=None, *, labels: int = 2) -> tuple[float,
     ``labels`` > 2, the next commonest ones holding at least `LABEL_SHARE` of
     the pixels (0.2 %), ``labels`` anchors at most. A pixel is off when its largest
     channel difference to every anchor exceeds a quarter of the smallest
-    channel gap between two anchors. Masks larger than 2**20 pixels are looked
+    channel gap between two anchors. Masks larger than 2**16 pixels are looked
     at on an even stride.
 
     Args:
