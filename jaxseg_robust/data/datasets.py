@@ -982,7 +982,7 @@ def default_data_root(root=None) -> pathlib.Path:
     if root is None:
         root = os.environ.get(DATA_ENV_VAR)
         if not root:
-            raise DatasetError(f"no datasets root: pass root= (--data-root) or set ${DATA_ENV_VAR}")
+            raise DatasetError(f"no datasets root: give --data-root DIR (Python: root=) or set ${DATA_ENV_VAR}")
     path = pathlib.Path(root).expanduser()
     if not path.is_dir():
         raise DatasetError(f"datasets root {path} does not exist or is not a directory")
@@ -1005,8 +1005,10 @@ def dataset_dir(kind: str | DatasetKind, root=None) -> pathlib.Path:
     wanted = normalize_name(kind_spec.name)
     found = sorted(p for p in base.iterdir() if p.is_dir() and normalize_name(p.name) == wanted)
     if not found:
+        present = sorted(p.name for p in base.iterdir() if p.is_dir())
+        listing = ", ".join(present[:8]) + (f" and {len(present) - 8} more" if len(present) > 8 else "")
         raise DatasetError(f"{kind_spec.name}: no folder named like {kind_spec.name!r} in datasets root {base} "
-                           f"(to read a dataset folder itself: load_dataset(path, kind={kind_spec.name!r}))")
+                           f"({'its folders: ' + listing if present else 'it has no folders'})")
     if len(found) > 1:
         raise DatasetError(f"{kind_spec.name}: several folders match in {base}: {', '.join(p.name for p in found)}")
     return found[0]
