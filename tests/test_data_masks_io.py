@@ -138,3 +138,14 @@ def test_checked_reading_of_label_masks_ignore_values_and_off_values(tmp_path):
     assert "16.7%" in read_mask_checked(tmp_path / "l.png").warning  # 255 is off without the ignore value
     Image.fromarray(ringing).save(tmp_path / "r.png")
     assert read_mask_checked(tmp_path / "r.png").warning.startswith(f"{tmp_path / 'r.png'}: not a two-valued mask: 4.0%")
+
+
+def test_label_maps_are_clean_under_id_rules_only(tmp_path):
+    from jaxseg_robust.data.masks_io import read_mask_checked
+
+    ids = np.zeros((60, 60), np.uint8)
+    ids[5:25, 5:25], ids[30:55, 30:55] = 1, 2  # two objects: pick one with ==2, merge with !=0
+    Image.fromarray(ids).save(tmp_path / "ids.png")
+    for rule in ("==2", "!=0"):
+        assert read_mask_checked(tmp_path / "ids.png", rule).warning is None
+    assert "not a two-valued mask" in read_mask_checked(tmp_path / "ids.png", ">=1").warning  # a threshold rule

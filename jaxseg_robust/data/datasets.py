@@ -76,7 +76,7 @@ Problems and where they surface:
   * at ``load()``, as a `DatasetWarning` naming the file (once per file and
     process): a mask that is not close to two-valued (`masks_io.two_valued_warning`;
     a photo or noise passed as a mask; ``davis`` / ``coco_mval`` allow up to
-    `DAVIS_MAX_LABELS` object colours, ``grabcut`` / ``berkeley`` leave out the
+    `masks_io.MAX_LABELS` object colours, ``grabcut`` / ``berkeley`` leave out the
     ignore value 128); and, once per dataset, ``folder`` masks holding 0/1
     labels under the default rule ``>128``, which are read as object = 1
     (`masks_io.resolve_rule`);
@@ -115,6 +115,7 @@ from jaxseg_robust.data.instances import (
     make_instance,
 )
 from jaxseg_robust.data.masks_io import (
+    MAX_LABELS,
     MaskReadError,
     MaskRule,
     parse_rule,
@@ -144,7 +145,6 @@ _ORIENTATION_TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-DAVIS_MAX_LABELS = 16  # values a DAVIS / COCO-MVal mask may hold before it is "not a label mask" (a warning)
 _COEF_BITS = 11  # OpenCV INTER_RESIZE_COEF_BITS
 _COEF_SCALE = 1 << _COEF_BITS
 
@@ -556,7 +556,7 @@ def _load_ritm_single(
         what = "grabcut decoding: object = channel 0 > 128 or == 1, 128 = ignore"
     else:
         gt = decode_davis_gt(mask)
-        _check_values(name, mask, mask_path, labels=DAVIS_MAX_LABELS)
+        _check_values(name, mask, mask_path, labels=MAX_LABELS)
         what = "davis decoding: object = any colour channel > 0"
     if not allow_empty and not np.any(gt == 1):
         _require_object(name, gt, mask_path, what, mask[..., 2] if decoder == "grabcut" else mask.max(axis=-1))

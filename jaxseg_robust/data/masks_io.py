@@ -25,7 +25,9 @@ Inputs people actually have (`read_mask_checked`):
     (2 %) of its pixels lie farther than a quarter of the gap from both of its
     two commonest values (colours for RGB files, compared channel by channel,
     so a magenta-on-black mask is two-valued and a photo is not). JPEG ringing
-    and anti-aliased edges stay within that tolerance.
+    and anti-aliased edges stay within that tolerance. With an ``==N`` or
+    ``!=N`` rule (picking or merging object ids) a label map of up to
+    `MAX_LABELS` values is clean too.
 
 Every error is a :class:`MaskReadError` whose message starts with the file path.
 """
@@ -44,6 +46,7 @@ MASK_SUFFIXES = (".png", ".bmp", ".jpg", ".jpeg", ".tif", ".tiff", ".gif", ".web
 DEFAULT_RULE = ">128"
 OFF_VALUE_LIMIT = 0.02     # fraction of pixels far from the two commonest values that makes a warning
 LABEL_SHARE = 0.002        # `off_value_fraction` with several labels: a value of >= 0.2 % of the pixels is a label
+MAX_LABELS = 16            # values a label map (object ids) may hold before it is "not a label mask"
 _SAMPLE_PIXELS = 1 << 16   # pixels looked at by `off_value_fraction` (an even stride over larger masks)
 
 _OPERATORS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
@@ -341,7 +344,8 @@ def read_mask_checked(path, rule: MaskRule | str = DEFAULT_RULE, ignore_value: i
       ignore_value: pixel value marking ignore pixels, or None.
 
     Returns:
-      `MaskReading` (see the module doc for the label reading and the warning).
+      `MaskReading` (see the module doc for the label reading and the warning;
+      ``==N`` / ``!=N`` rules accept label maps of up to `MAX_LABELS` values).
 
     Raises:
       MaskReadError: unreadable file (names the file).
@@ -350,7 +354,8 @@ def read_mask_checked(path, rule: MaskRule | str = DEFAULT_RULE, ignore_value: i
     valid = np.ones(values.shape, bool) if ignore_value is None else values != ignore_value
     applied, label_mask = resolve_rule(values, rule, valid)
     foreground = applied.apply(values) & valid
-    warning = two_valued_warning(channels, path, valid)
+    labels = MAX_LABELS if applied.op in ("==", "!=") else 2  # id rules read label maps
+    warning = two_valued_warning(channels, path, valid, labels=labels)
     return MaskReading(foreground, valid, values, applied, label_mask, warning)
 
 
