@@ -156,8 +156,10 @@ def test_empty_object_fails_at_load_unless_allowed(tmp_path):
     _save(_image(4, 4), tmp_path / "pairs" / "images" / "e.png")
     _save(np.zeros((4, 4), np.uint8), tmp_path / "pairs" / "masks" / "e.png")
     ref = load_dataset(tmp_path / "pairs")[0]
-    with pytest.raises(InstanceError, match=r"pairs/e: mask .*e\.png has no object pixel \(rule >128\)"):
+    with pytest.raises(InstanceError, match=r"pairs/e: mask .*e\.png has no object pixel \(rule >128; values in the "
+                                            r"file: only 0\)") as caught:
         ref.load()
+    assert "allow_empty" not in str(caught.value)  # no Python argument a CLI user cannot set
     assert not load_dataset(tmp_path / "pairs", allow_empty=True)[0].load().gt.any()
 
 
@@ -257,8 +259,10 @@ def test_immediate_errors_and_bad_options(tmp_path, monkeypatch):
     monkeypatch.delenv(DATA_ENV_VAR, raising=False)
     with pytest.raises(DatasetError, match="no datasets root"):
         load_dataset("grabcut")
-    with pytest.raises(DatasetError, match="no folder named like 'grabcut'"):
+    (tmp_path / "GrabCutt").mkdir()
+    with pytest.raises(DatasetError, match=r"no folder named like 'grabcut' .*\(its folders: GrabCutt\)") as caught:
         load_dataset("grabcut", tmp_path)
+    assert "load_dataset" not in str(caught.value)  # the CLI prints it: no Python call in the message
     with pytest.raises(DatasetError, match="neither a known dataset"):
         load_dataset(tmp_path / "nothing")
     with pytest.raises(DatasetError, match="no image/mask folders"):
@@ -530,6 +534,7 @@ def _index_rows(folder: pathlib.Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("kind", REAL_KINDS)
+@pytest.mark.filterwarnings("error::jaxseg_robust.data.datasets.DatasetWarning")  # e.g. "not a two-valued mask"
 def test_real_datasets_match_index_and_manifest(real_data_dir, kind):
     folder = real_data_dir / kind
     rows = _index_rows(folder)
@@ -565,3 +570,70 @@ def test_real_datasets_via_names(real_data_dir):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_dataset("grabcut", real_data_dir)  # no problem and no warning on the shared data
+
+
+# ----------------------------------------------------------------------------- inputs people actually have
+
+
+def test_zero_one_label_masks_are_read_as_labels_and_said_once_per_dataset(tmp_path):
+    folder = tmp_path / "labels"
+    for index in range(3):
+        mask = np.zeros((6, 8), np.uint8)
+        mask[1:4, 2 + index:6] = 1  # the commonest export: object = 1, background = 0
+        _save(_image(6, 8, seed=index), folder / "images" / f"m{index}.png")
+        _save(mask, folder / "masks" / f"m{index}.png")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = [ref.load() for ref in load_dataset(folder)]  # default rule >128 selected nothing: failed before
+        loaded += [ref.load() for ref in load_dataset(folder)]  # loaded again: said once all the same
+    notes = [str(w.message) for w in caught if issubclass(w.category, DatasetWarning)]
+    assert len(notes) == 1 and "labels: masks hold 0/1 labels" in notes[0] and "rule >0" in notes[0]
+    assert [int((i.gt == 1).sum()) for i in loaded[:3]] == [12, 9, 6]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an explicit rule is applied as given, without a note
+        assert int((load_dataset(folder, rule="==1")[0].load().gt == 1).sum()) == 12
+    with pytest.raises(InstanceError, match=r"no object pixel \(rule >=128; values in the file: 0, 1\)") as caught:
+        load_dataset(folder, rule=">=128")[0].load()
+    assert "allow_empty" not in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["folder", "grabcut", "davis"])
+def test_a_noise_mask_or_a_photo_warns_naming_the_file(tmp_path, kind):
+    root = tmp_path / kind
+    clean = np.zeros((40, 50), np.uint8)
+    clean[10:30, 10:40] = 255
+    _save(_image(40, 50), root / "images" / "clean.png")
+    _save(clean, root / "masks" / "clean.png")
+    _save(_image(40, 50), root / "images" / "noise.png")
+    _save(RNG.integers(0, 256, (40, 50), dtype=np.uint8), root / "masks" / "noise.png")
+    _save(_image(40, 50), root / "images" / "photo.png")
+    _save(_image(40, 50, seed=9), root / "masks" / "photo.png")  # colour channels differ everywhere
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for ref in load_dataset(root, kind=kind):
+            ref.load()
+    messages = [str(w.message) for w in caught if issubclass(w.category, DatasetWarning)]
+    assert sorted(pathlib.Path(m.split(": ")[1]).name for m in messages) == ["noise.png", "photo.png"], messages
+    assert all("mask: " in m and "binarised anyway" in m for m in messages)
+
+
+def test_clean_masks_of_every_shape_do_not_warn(tmp_path):
+    root = tmp_path / "clean"
+    base = np.zeros((64, 64), np.uint8)
+    base[16:48, 12:52] = 255
+    jpeg_like = base.copy()
+    jpeg_like[15:17, :] = np.clip(base[15:17, :].astype(int) + 40, 0, 255)  # ringing near the edge
+    colour = np.zeros((64, 64, 3), np.uint8)
+    colour[base > 0] = (255, 0, 255)  # magenta on black
+    ignore_band = base.copy()
+    ignore_band[14:16, 12:52] = 128
+    for name, mask in (("a", base), ("b", jpeg_like), ("c", colour), ("d", ignore_band)):
+        _save(_image(64, 64), root / "images" / f"{name}.png")
+        _save(mask, root / "masks" / f"{name}.png")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for ref in load_dataset(root, ignore_value=128):
+            ref.load()
+        for ref in load_dataset(root, kind="grabcut"):
+            ref.load()
+

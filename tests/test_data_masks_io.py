@@ -117,3 +117,35 @@ def test_examples_are_deterministic_and_varied(tmp_path):
     gt_dir, pred_dir = examples.write_example_folders(tmp_path)
     assert sorted(p.stem for p in gt_dir.iterdir()) == sorted(p.name for p in first)
     np.testing.assert_array_equal(read_mask(pred_dir / f"{first[0].name}.png"), first[0].pred)
+
+
+def test_checked_reading_of_label_masks_ignore_values_and_off_values(tmp_path):
+    from jaxseg_robust.data.masks_io import off_value_fraction, read_mask_checked, resolve_rule
+
+    labels = np.array([[0, 1, 1], [0, 255, 1]], np.uint8)  # 0/1 labels with an ignore value 255
+    Image.fromarray(labels).save(tmp_path / "l.png")
+    reading = read_mask_checked(tmp_path / "l.png", ">128", ignore_value=255)
+    assert reading.label_mask and str(reading.rule) == ">0" and reading.warning is None
+    np.testing.assert_array_equal(reading.foreground, [[False, True, True], [False, False, True]])
+    np.testing.assert_array_equal(reading.valid, labels != 255)
+    assert resolve_rule(labels, "==1") == (MaskRule("==", 1), False)  # an explicit rule stays
+    assert resolve_rule(np.zeros((2, 2), np.uint8), ">128")[1] is False  # blank: not a label mask
+    ringing = np.where(np.arange(100)[:, None] < 50, 0, 255).repeat(100, 1).astype(np.uint8)
+    ringing[48:52] = [[30], [60], [200], [230]]  # JPEG-like values next to 0 / 255: within a quarter gap
+    assert off_value_fraction(ringing)[0] == 0.0
+    ringing[48:52] = 128  # a grey band in the middle: 4 % off
+    assert off_value_fraction(ringing)[0] == pytest.approx(0.04)
+    assert "16.7%" in read_mask_checked(tmp_path / "l.png").warning  # 255 is off without the ignore value
+    Image.fromarray(ringing).save(tmp_path / "r.png")
+    assert read_mask_checked(tmp_path / "r.png").warning.startswith(f"{tmp_path / 'r.png'}: not a two-valued mask: 4.0%")
+
+
+def test_label_maps_are_clean_under_id_rules_only(tmp_path):
+    from jaxseg_robust.data.masks_io import read_mask_checked
+
+    ids = np.zeros((60, 60), np.uint8)
+    ids[5:25, 5:25], ids[30:55, 30:55] = 1, 2  # two objects: pick one with ==2, merge with !=0
+    Image.fromarray(ids).save(tmp_path / "ids.png")
+    for rule in ("==2", "!=0"):
+        assert read_mask_checked(tmp_path / "ids.png", rule).warning is None
+    assert "not a two-valued mask" in read_mask_checked(tmp_path / "ids.png", ">=1").warning  # a threshold rule

@@ -103,3 +103,26 @@ def test_dataset_benchmark_from_payloads():
         B.noc_summary(np.ones((2, 3)), np.ones(2))
     with pytest.raises(ValueError, match="base"):
         B.noc_summary(np.ones((2, 4)), np.ones(3))
+
+
+def test_dataset_benchmark_fills_what_was_run():
+    """Groups only, Base only, odd G: every defined entry is filled (the rows were None: all-NaN tables)."""
+    rng = np.random.default_rng(3)
+    groups = rng.uniform(0.5, 1.0, (5, 4, 6))
+    base = rng.uniform(0.5, 1.0, (5, 6))
+    both = B.dataset_benchmark([{"group_iou": g, "base_iou": b} for g, b in zip(groups, base)], num_clicks=6)
+    only_groups = B.dataset_benchmark([{"group_iou": g} for g in groups], num_clicks=6)
+    only_base = B.dataset_benchmark([{"base_iou": b} for b in base], num_clicks=6, threshold=0.8)
+    odd = B.dataset_benchmark([{"group_iou": g[:3], "base_iou": b} for g, b in zip(groups, base)], num_clicks=6)
+    for row, full in ((only_groups.noc, both.noc), (only_groups.auc, both.auc), (only_groups.nof, both.nof)):
+        assert (row.sample_mean, row.sample_std, row.delta_gr, row.delta_hh) == (
+            full.sample_mean, full.sample_std, full.delta_gr, full.delta_hh)
+        assert np.isnan(row.base) and np.isnan(row.delta_sb)
+    noc_b = B.noc_per_instance(base, 0.8, 6)
+    assert only_base.noc.base == noc_b.mean() and np.isnan(only_base.noc.sample_mean)
+    assert only_base.nof.base == float((noc_b == 6).sum())
+    assert only_base.auc.base == pytest.approx(B.auc_per_instance(base, 6).mean())
+    assert (only_base.num_clicks, only_base.threshold) == (6, 0.8)
+    assert np.isnan(odd.noc.delta_hh) and np.isfinite(odd.noc.delta_sb) and np.isfinite(odd.noc.delta_gr)
+    with pytest.raises(ValueError, match="threshold"):
+        B.dataset_benchmark([{"base_iou": base[0]}], threshold=1.5)

@@ -70,14 +70,57 @@ def test_cli_end_to_end_with_resume(tmp_path, capsys):
             "--clicks-csv", str(tmp_path / "clicks.csv"), "--out", str(out), "--progress", "none"]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "NoC20@90 Sample" in printed and "| toy | 3 |" in printed
+    assert "NoC4@90 Sample" in printed and "NSR@4" in printed and "| toy | 3 |" in printed
+    assert "NoC20" not in printed and "NSR@20" not in printed  # headers follow --n-clicks
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len(records) == 3 and all(r["status"] == "ok" for r in records)
     assert {r["id"]: r["payload"]["n_user_clicks"] for r in records} == {"a0": 2, "a1": 0, "a2": 0}
     assert (out / "rclicks_noc.csv").read_text().startswith("dataset,instances,noc_sample")
+    assert "nsr_at_4" in (out / "rclicks_noc.csv").read_text().splitlines()[0]
     assert (out / "groups_toy_a0.png").exists()
     assert cli.main(argv) == 0  # resume: nothing left to do
     assert "3 skipped" in capsys.readouterr().out
     assert cli.main(argv[:4] + ["nonsense"] + argv[5:]) == 2
     assert "--clickability nonsense" in capsys.readouterr().err
     assert cli.main(argv[:-4] + ["--n-clicks", "1", "--out", str(tmp_path / "r2")]) == 2
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--groups", "3"], "--groups must be even"),
+    (["--groups", "1"], "--groups must be even"),
+    (["--target-iou", "1.5"], "--target-iou must be an IoU in (0, 1]"),
+    (["--target-iou", "0"], "--target-iou must be an IoU in (0, 1]"),
+    (["--no-base", "--groups", "0"], "--no-base with --groups 0 leaves nothing to evaluate"),
+])
+def test_impossible_flags_are_refused_before_anything_runs(tmp_path, capsys, flags, message):
+    out = tmp_path / "run"
+    argv = ["rclicks", "--model", "sam_tiny", "--clickability", "dt", "--folder", str(tmp_path / "missing"),
+            str(tmp_path / "missing"), "--out", str(out), "--progress", "none", *flags]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()  # refused up front: no run directory, no model, no data read
+
+
+def test_headers_follow_the_flags_and_base_only_fills_the_base_columns(tmp_path, capsys):
+    images, masks = _folder(tmp_path, count=2)
+    for name in ("a b", "a_b"):  # names that sanitize alike get distinct figure files
+        Image.open(images / "a0.png").save(images / f"{name}.png")
+        Image.open(masks / "a0.png").save(masks / f"{name}.png")
+    out = tmp_path / "run"
+    argv = ["rclicks", "--model", "sam_tiny", "--clickability", "dt", "--folder", str(images), str(masks),
+            "--n-clicks", "3", "--groups", "2", "--target-iou", "0.85", "--frame", "fixed:36x44",
+            "--plot-groups", "4", "--out", str(out), "--progress", "none"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "NoC3@85 Sample" in printed and "NoF3@85 Sample" in printed and "IoU-AuC3 Sample" in printed
+    assert "@90" not in printed and "20" not in printed.split("| dataset |")[1].splitlines()[0]
+    figures = sorted(path.name for path in out.glob("groups_*.png"))
+    assert len(figures) == 4 and "groups_toy_a_b.png" in figures  # "a b" -> groups_toy_a_b~<hash>.png
+    base_only = tmp_path / "base_only"
+    assert cli.main(argv[:-4] + ["--groups", "0", "--out", str(base_only), "--progress", "none"]) == 0
+    row = (base_only / "rclicks_noc.csv").read_text().splitlines()
+    values = dict(zip(row[0].split(","), row[1].split(",")))
+    assert values["noc_sample"] == "nan" and 1.0 <= float(values["noc_base"]) <= 3.0  # was all-NaN
+    assert float(values["nof_base"]) >= 0 and 0.0 <= float(values["auc_base"]) <= 1.0
+    assert values["n_clicks"] == "3" and float(values["target_iou"]) == 0.85

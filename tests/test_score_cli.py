@@ -130,17 +130,53 @@ def test_empty_masks_give_nan_and_a_rule_hint(tmp_path, capsys):
     pred_dir.mkdir()
     save(gt_dir / "empty.png", np.zeros((HEIGHT, WIDTH)))
     save(pred_dir / "empty.png", np.zeros((HEIGHT, WIDTH)))
-    save(gt_dir / "zero_one.png", blob(5, 5))
-    save(pred_dir / "zero_one.png", blob(5, 5), scale=1)  # 0/1 file: empty under '>128'
+    save(gt_dir / "zero_three.png", blob(5, 5))
+    save(pred_dir / "zero_three.png", blob(5, 5), scale=3)  # 0/3 file: empty under '>128'
     out_csv = tmp_path / "s.csv"
     code, out, err = run([str(gt_dir), str(pred_dir), "--out", str(out_csv)], capsys)
     assert code == cli.EXIT_OK
-    assert "zero_one.png: pred mask is empty under rule '>128'" in err and "--pred-rule" in err
+    assert "zero_three.png: pred mask is empty under rule '>128'" in err and "--pred-rule" in err
     rows = {row["name"]: row for row in read_csv(out_csv)}
-    assert math.isnan(float(rows["empty"]["iou"])) and float(rows["zero_one"]["iou"]) == 0.0
+    assert math.isnan(float(rows["empty"]["iou"])) and float(rows["zero_three"]["iou"]) == 0.0
     assert "IoU 0.0000 (1 undefined)" in out
     code, _, _ = run([str(gt_dir), str(pred_dir), "--out", str(out_csv), "--pred-rule", "!=0"], capsys)
     assert float(read_csv(out_csv)[1]["iou"]) == 1.0
+
+
+def test_zero_one_label_masks_are_read_as_labels_and_said_once(tmp_path, capsys):
+    gt_dir, pred_dir = tmp_path / "gt", tmp_path / "pred"
+    gt_dir.mkdir()
+    pred_dir.mkdir()
+    for name, top in (("a", 5), ("b", 9)):
+        save(gt_dir / f"{name}.png", blob(top, 5), scale=1)  # 0/1 label exports on both sides
+        save(pred_dir / f"{name}.png", blob(top, 5), scale=1)
+    out_csv = tmp_path / "s.csv"
+    code, _, err = run([str(gt_dir), str(pred_dir), "--out", str(out_csv)], capsys)
+    assert code == cli.EXIT_OK
+    assert [float(row["iou"]) for row in read_csv(out_csv)] == [1.0, 1.0]  # were 0.0 / NaN (empty masks)
+    assert err.count("gt masks hold 0/1 labels: read as object = 1") == 1
+    assert err.count("pred masks hold 0/1 labels") == 1 and "--pred-rule" in err
+    code, _, err = run([str(gt_dir), str(pred_dir), "--out", str(out_csv), "--pred-rule", ">=1"], capsys)
+    assert "pred masks hold 0/1" not in err and "gt masks hold 0/1" in err  # an explicit rule is applied as given
+
+
+def test_a_photo_or_noise_as_a_mask_is_scored_with_a_warning_naming_it(tmp_path, capsys):
+    gt_dir, pred_dir = tmp_path / "gt", tmp_path / "pred"
+    gt_dir.mkdir()
+    pred_dir.mkdir()
+    rng = np.random.default_rng(0)
+    save(gt_dir / "noise.png", blob(5, 5))
+    Image.fromarray(rng.integers(0, 256, (HEIGHT, WIDTH), dtype=np.uint8)).save(pred_dir / "noise.png")
+    save(gt_dir / "photo.png", blob(5, 5))
+    Image.fromarray(rng.integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)).save(pred_dir / "photo.png")
+    save(gt_dir / "clean.png", blob(5, 5))
+    colour = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
+    colour[blob(5, 5)] = (255, 0, 255)  # magenta on black: two colours, channels differ, no warning
+    Image.fromarray(colour).save(pred_dir / "clean.png")
+    code, _, err = run([str(gt_dir), str(pred_dir)], capsys)
+    assert code == cli.EXIT_OK
+    assert "noise.png: not a two-valued mask" in err and "photo.png: not a two-valued mask" in err
+    assert "clean.png" not in err
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import sys
 
 import numpy as np
 
@@ -111,6 +112,36 @@ def check_arguments(args) -> bool:
     return (args.kind == "click") if args.multimask is None else bool(args.multimask)
 
 
+def prompt_count(kind: str, stride: int, height: int, width: int) -> int:
+    """Prompts in one instance's grid: click positions ``ceil(H/s) ceil(W/s)`` on the image, or centred
+    box sizes ``(2H//s + 1) (2W//s + 1)`` (heights and widths 0, s, ... <= 2H, 2W)."""
+    if kind == "click":
+        return -(-height // stride) * -(-width // stride)
+    return (2 * height // stride + 1) * (2 * width // stride + 1)
+
+
+def check_stride(args, instances) -> None:
+    """Refuses a ``--stride`` that leaves one prompt per instance everywhere (min = max = that prompt).
+
+    When only some instances are that small, says so on stderr (naming up to three) and goes on.
+
+    Raises:
+      CommandError: naming ``--stride``, the largest image and the largest stride that still gives a grid.
+    """
+    single = [ref for ref in instances if prompt_count(args.kind, args.stride, *ref.size) <= 1]
+    what = "click position" if args.kind == "click" else "box size (0 x 0)"
+    if single and len(single) == len(instances):
+        height, width = max((ref.size for ref in instances), key=lambda size: max(size))
+        limit = max(height, width) - 1 if args.kind == "click" else 2 * max(height, width)
+        raise CommandError(f"--stride {args.stride} leaves a single {what} in every image (the largest is "
+                           f"{height}x{width}): min and max would be that one prompt; use --stride {limit} or less")
+    if single:
+        names = ", ".join(f"{ref.name} ({ref.size[0]}x{ref.size[1]})" for ref in single[:3])
+        more = f" and {len(single) - 3} more" if len(single) > 3 else ""
+        print(f"jaxseg-robust {COMMAND}: warning: --stride {args.stride} leaves a single {what} in {names}{more}",
+              file=sys.stderr)
+
+
 def protocol_config(args, model: LoadedModel, multimask: bool) -> dict:
     """The run configuration recorded in (and compared on resume with) the manifest."""
     config = model_config(COMMAND, args, model, kind=args.kind)
@@ -143,9 +174,9 @@ def _safe(text: str) -> str:
     """``text`` if it is a safe file name, else its safe form plus a short hash (distinct names stay distinct)."""
     import hashlib  # noqa: PLC0415
 
-    from jaxseg_robust.reports.report_files import safe_name  # noqa: PLC0415
+    from jaxseg_robust.reports.report_files import sanitize_name  # noqa: PLC0415
 
-    safe = safe_name(text)
+    safe = sanitize_name(text)
     return safe if safe == text else f"{safe}-{hashlib.sha1(str(text).encode()).hexdigest()[:8]}"
 
 
@@ -227,6 +258,7 @@ def execute(args) -> tuple:
 
     multimask = check_arguments(args)
     instances = load_instances(args)
+    check_stride(args, instances)
     model = load_model_of(args)
     batch_fn = make_batch_function(args, model, multimask)
     config = protocol_config(args, model, multimask)

@@ -271,10 +271,16 @@ def list_instances(datasets: str, data_root, mask_rule: str, limit: int | None, 
     goes on) is passed to the listing.
     """
     from jaxseg_robust.data.datasets import find_kind, load_dataset, load_datasets  # noqa: PLC0415
+    from jaxseg_robust.data.masks_io import is_default_rule  # noqa: PLC0415
 
     items = [item.strip() for item in str(datasets).split(",") if item.strip()]
     if not items:
         raise ValueError("--datasets is empty")
+    plain = [item for item in items if pathlib.Path(os.path.expanduser(item)).is_dir()
+             and find_kind(pathlib.Path(os.path.expanduser(item)).name) is None]
+    if not plain and not is_default_rule(mask_rule):
+        raise ValueError("--mask-rule applies to plain image/mask folders in --datasets; the registered datasets "
+                         f"({', '.join(items)}) decode their masks by their own rule")
     refs = []
     for item in items:
         path = pathlib.Path(os.path.expanduser(item))

@@ -371,6 +371,22 @@ def _folder_name(images: pathlib.Path) -> str:
     return parent.name or images.resolve().name
 
 
+def _refuse_folder_flags_without_folder(args) -> None:
+    """--mask-rule / --mask-ignore read --folder masks; with --datasets alone they would do nothing: refused."""
+    from jaxseg_robust.data.masks_io import is_default_rule  # noqa: PLC0415
+
+    if args.folder:
+        return
+    try:
+        changed = not is_default_rule(args.mask_rule)
+    except ValueError as error:
+        raise CommandError(f"--mask-rule: {error}") from None
+    for flag, given in (("--mask-rule", changed), ("--mask-ignore", args.mask_ignore is not None)):
+        if given:
+            raise CommandError(f"{flag} applies to --folder masks; the --datasets benchmarks decode their masks by "
+                               "their own rule (give the masks as --folder IMAGES MASKS to choose one)")
+
+
 def load_instances(args) -> list:
     """Lists every instance of ``--datasets`` and ``--folder`` (lazy `InstanceRef`s, ``--limit`` applied).
 
@@ -389,6 +405,7 @@ def load_instances(args) -> list:
 
     if not args.datasets and not args.folder:
         raise CommandError("give --datasets NAMES and/or --folder IMAGES MASKS")
+    _refuse_folder_flags_without_folder(args)
     groups: list[tuple[str, list]] = []
     try:
         with warnings.catch_warnings():

@@ -8,7 +8,8 @@ network (a directory or the zoo name ``rclicks_clickability``) or the ``dt`` /
 click (User) and as many sampled first-round clicks (SamplingUsersCount).
 Records go to the run directory (append-only, resumable: rerun the same command
 to continue); at the end the per-dataset table (NoC20@90, NoF20@90,
-IoU-AuC20, NSR, first-round columns; docs/protocols/rclicks.md §6) is printed and written
+IoU-AuC20, NSR, first-round columns; docs/protocols/rclicks.md §6; the headers name
+``--n-clicks`` and ``--target-iou``, e.g. NoC5@85) is printed and written
 as ``rclicks_noc.md`` / ``rclicks_noc.csv`` with a clicking-groups figure per
 plotted instance (``groups_<dataset>_<id>.png``).
 
@@ -22,7 +23,6 @@ import argparse
 import dataclasses
 import functools
 import pathlib
-import re
 
 import numpy as np
 
@@ -67,12 +67,13 @@ def register(subparsers) -> None:
     common.add_flag(group, "--n-clicks", type=common.positive_int, default=20,
                     help="rounds per trajectory (default %(default)s)")
     common.add_flag(group, "--groups", type=common.non_negative_int, default=10,
-                    help="clicking groups (equal-mass bands; even for ΔHH; 0 = Base only; default %(default)s)")
+                    help="clicking groups (equal-mass bands; even, as ΔHH pairs group j with j+G/2; "
+                         "0 = no groups; default %(default)s)")
     common.add_flag(group, "--no-base", action="store_true", help="skip the Base (baseline clicker) trajectory")
     group.add_argument("--thr", type=common.finite_float, default=0.5,
                        help="probability threshold of the model (0.5 SAM-type, 0.49 RITM-type; default %(default)s)")
     common.add_flag(group, "--target-iou", type=common.finite_float, default=0.9,
-                    help="IoU target of NoC/NoF in the table (default %(default)s)")
+                    help="IoU target of NoC/NoF in the table, in (0, 1] (default %(default)s)")
     common.add_flag(group, "--mask-feedback", choices=("reference", "always", "never"), default="reference",
                     help="previous low-res mask input: 'reference' (reset at round 2 after a negative click, "
                          "as the RClicks SAM wrapper), 'always' or 'never' (default %(default)s)")
@@ -125,6 +126,7 @@ def _first_round_program(click_model):
 def _plot_groups(instances, loaded, config, out_dir: pathlib.Path, per_dataset: int) -> list[pathlib.Path]:
     """Fig. 6-style figures of the first-round groups for the first instances of each dataset."""
     from jaxseg_robust.reports.rclicks import group_index_map, plot_clicking_groups  # noqa: PLC0415
+    from jaxseg_robust.reports.report_files import file_stem  # noqa: PLC0415
 
     paths, seen = [], {}
     for member in instances:
@@ -139,7 +141,7 @@ def _plot_groups(instances, loaded, config, out_dir: pathlib.Path, per_dataset: 
         region = obj & (instance.gt != -1)
         prepared = loaded.model.prepare(instance.image, obj, obj.shape)
         clickability = np.asarray(_first_round_program(loaded.model)(loaded.params, prepared, region))
-        name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{instance.dataset}_{instance.id}")
+        name = file_stem(instance.dataset, instance.id)
         paths.append(plot_clicking_groups(
             instance.image, obj, group_index_map(clickability, config.num_groups),
             out_dir / f"groups_{name}.png",
@@ -147,9 +149,32 @@ def _plot_groups(instances, loaded, config, out_dir: pathlib.Path, per_dataset: 
     return paths
 
 
+def check_flags(args) -> None:
+    """Refuses flag values that cannot give a table, before anything is loaded.
+
+    Raises:
+      CommandError: naming the flag and why (``--n-clicks`` < 2, ``--thr`` outside
+        (0, 1), ``--target-iou`` outside (0, 1], an odd ``--groups``, or
+        ``--no-base --groups 0`` without ``--clicks-csv``: nothing to evaluate).
+    """
+    if args.n_clicks < 2:
+        raise common.CommandError(f"--n-clicks must be >= 2 (IoU-AuC needs two rounds); got {args.n_clicks}")
+    if not 0.0 < args.thr < 1.0:
+        raise common.CommandError(f"--thr must be in (0, 1); got {args.thr}")
+    if not 0.0 < args.target_iou <= 1.0:
+        raise common.CommandError(f"--target-iou must be an IoU in (0, 1]; got {args.target_iou}")
+    if args.groups % 2:
+        raise common.CommandError(f"--groups must be even (ΔHH pairs group j with group j+G/2; the benchmark "
+                                  f"uses 10) or 0 for no groups; got {args.groups}")
+    if args.no_base and args.groups == 0 and args.clicks_csv is None:
+        raise common.CommandError("--no-base with --groups 0 leaves nothing to evaluate; drop one of them or "
+                                  "add --clicks-csv (real first-round clicks)")
+
+
 def run(args) -> int:
     """Runs the command; returns the exit code."""
     try:
+        check_flags(args)
         common.start_processes(args)
         return _run(args)
     except common.CommandError as error:
@@ -157,7 +182,12 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from jaxseg_robust.clicksim.evaluation import RClicksConfig, finalize_record, make_rclicks_batch_fn  # noqa
+    from jaxseg_robust.clicksim.evaluation import (  # noqa: PLC0415
+        RClicksConfig,
+        finalize_record,
+        make_rclicks_batch_fn,
+        user_slot_count,
+    )
     from jaxseg_robust.metrics.rclicks_benchmark import benchmark_by_dataset  # noqa: PLC0415
     from jaxseg_robust.reports.rclicks import to_markdown, write_tables  # noqa: PLC0415
     from jaxseg_robust.runner.engine import recorded_counts  # noqa: PLC0415
@@ -166,22 +196,17 @@ def _run(args) -> int:
 
     if args.tetris_max_side is None:
         args.tetris_max_side = args.tetris_max_side_default  # RClicks caps TETRIS at 2048 px (§1.3)
-    if args.n_clicks < 2:
-        raise common.CommandError(f"--n-clicks must be >= 2 (IoU-AuC needs two rounds); got {args.n_clicks}")
-    if not 0.0 < args.thr < 1.0:
-        raise common.CommandError(f"--thr must be in (0, 1); got {args.thr}")
-    try:
-        config = RClicksConfig(num_rounds=args.n_clicks, num_groups=args.groups, run_base=not args.no_base,
-                               threshold=args.thr, mask_feedback=args.mask_feedback, seed=args.seed)
-    except ValueError as error:
-        raise common.CommandError(str(error)) from None
+    instances = common.load_instances(args)  # data and clicks first: their errors come before any model load
+    user_clicks = _user_clicks(args, instances)
     mesh = data_mesh()
     model = common.load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype,
                               mesh=mesh)
     loaded = _load_click_model(args)
-    instances = common.load_instances(args)
-    user_clicks = _user_clicks(args, instances)
     try:
+        slots = user_slot_count(len(c) for c in user_clicks.values()) if user_clicks else 0
+        config = RClicksConfig(num_rounds=args.n_clicks, num_groups=args.groups, run_base=not args.no_base,
+                               threshold=args.thr, mask_feedback=args.mask_feedback, seed=args.seed,
+                               user_slots=slots)
         batch_fn = make_rclicks_batch_fn(
             model.segmenter, model.params, loaded.model,
             None if loaded.params is None else replicate(loaded.params, mesh),

@@ -32,9 +32,8 @@ from jaxseg_robust.data.masks_io import (
     MaskReadError,
     list_mask_files,
     parse_rule,
-    read_gt_mask,
+    read_mask_checked,
     read_mask_size,
-    read_mask_values,
 )
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, boundary_width, mask_scores
 
@@ -53,7 +52,9 @@ examples:
 
 mask rules: '>N', '>=N', '==N', '!=N' applied to the pixel value (grey value,
 palette index, or max over R,G,B). GrabCut/Berkeley: --gt-rule '>128'
---gt-ignore 128; DAVIS palette masks: --gt-rule '!=0'.
+--gt-ignore 128; DAVIS palette masks: --gt-rule '!=0'. Masks holding 0/1 labels
+are read as object = 1 under the default '>128' (said once); a mask that is not
+close to two-valued (a photo, noise) is scored with a warning naming the file.
 exit codes: 0 all scored, 1 some files skipped (listed), 2 nothing scored / bad arguments.
 """
 
@@ -176,26 +177,33 @@ def _rule_hint(values: np.ndarray, mask: np.ndarray, which: str, rule, path) -> 
             f"{int(values.max())}; check --{which}-rule")
 
 
+def _label_note(which: str) -> str:
+    return (f"{which} masks hold 0/1 labels: read as object = 1, background = 0 (as --{which}-rule '>0'); "
+            f"give --{which}-rule to choose another rule")
+
+
 def _load_chunk(chunk, gt_rule, pred_rule, gt_ignore):
     """Decodes one chunk; returns (loaded pairs, gt, pred, valid arrays, problems, warnings)."""
     loaded, gts, preds, valids, problems, warnings = [], [], [], [], [], []
     for pair, _ in chunk:
         try:
-            gt, valid = read_gt_mask(pair.gt_path, gt_rule, gt_ignore)
-            pred_values = read_mask_values(pair.pred_path)
+            gt_read = read_mask_checked(pair.gt_path, gt_rule, gt_ignore)
+            pred_read = read_mask_checked(pair.pred_path, pred_rule)
         except MaskReadError as error:
             problems.append(str(error))
             continue
-        if pred_values.shape != gt.shape:
-            problems.append(f"{pair.name}: size mismatch after decoding ({gt.shape} vs {pred_values.shape})")
+        gt, valid, pred = gt_read.foreground, gt_read.valid, pred_read.foreground
+        if pred.shape != gt.shape:
+            problems.append(f"{pair.name}: size mismatch after decoding ({gt.shape} vs {pred.shape})")
             continue
-        pred = pred_rule.apply(pred_values)
-        hint = _rule_hint(pred_values, pred, "pred", pred_rule, pair.pred_path)
+        for which, reading in (("gt", gt_read), ("pred", pred_read)):
+            warnings += [_label_note(which)] if reading.label_mask else []
+            warnings += [reading.warning] if reading.warning else []
+        hint = _rule_hint(pred_read.values, pred, "pred", pred_rule, pair.pred_path)
         if hint:
             warnings.append(hint)
         if not gt.any():
-            gt_values = read_mask_values(pair.gt_path)
-            hint = _rule_hint(np.where(valid, gt_values, 0), gt, "gt", gt_rule, pair.gt_path)
+            hint = _rule_hint(np.where(valid, gt_read.values, 0), gt, "gt", gt_rule, pair.gt_path)
             if hint:
                 warnings.append(hint)
         loaded.append(pair)
@@ -222,7 +230,9 @@ def score_buckets(buckets: list[Bucket], gt_rule, pred_rule, gt_ignore) -> tuple
                 bucket.pairs[start: start + batch], gt_rule, pred_rule, gt_ignore
             )
             problems += bad
-            warnings += notes
+            for note in notes:  # a 0/1-label note is said once
+                if note not in warnings:
+                    warnings.append(note)
             if not loaded:
                 continue
             padding = batch - len(loaded)

@@ -71,7 +71,15 @@ Problems and where they surface:
     without an image is only warned about, as it is no instance);
   * at ``load()`` (`InstanceError`, which the runner records as a failed
     instance): pixels that fail to decode (e.g. a truncated file), an empty
-    object (unless ``allow_empty=True``), a file changed since listing;
+    object (unless ``allow_empty=True``; the message gives the rule and the
+    values found in the file), a file changed since listing;
+  * at ``load()``, as a `DatasetWarning` naming the file (once per file and
+    process): a mask that is not close to two-valued (`masks_io.two_valued_warning`;
+    a photo or noise passed as a mask; ``davis`` / ``coco_mval`` allow up to
+    `masks_io.MAX_LABELS` object colours, ``grabcut`` / ``berkeley`` leave out the
+    ignore value 128); and, once per dataset, ``folder`` masks holding 0/1
+    labels under the default rule ``>128``, which are read as object = 1
+    (`masks_io.resolve_rule`);
   * a multi-object mask without any object gives no instance and a
     `DatasetWarning`.
 
@@ -90,6 +98,7 @@ import functools
 import json
 import os
 import pathlib
+import threading
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -105,7 +114,16 @@ from jaxseg_robust.data.instances import (
     instance_name,
     make_instance,
 )
-from jaxseg_robust.data.masks_io import MaskReadError, MaskRule, parse_rule, read_gt_mask, read_mask_size
+from jaxseg_robust.data.masks_io import (
+    MAX_LABELS,
+    MaskReadError,
+    MaskRule,
+    parse_rule,
+    read_mask_checked,
+    read_mask_size,
+    two_valued_warning,
+    values_summary,
+)
 
 DATA_ENV_VAR = "JAXSEG_ROBUST_DATA"
 IMAGE_SUFFIXES = (".png", ".bmp", ".jpg", ".jpeg", ".tif", ".tiff", ".gif", ".webp")
@@ -500,9 +518,29 @@ def _check_same_size(name: str, image: np.ndarray, image_path, mask: np.ndarray,
         )
 
 
-def _require_object(name: str, gt: np.ndarray, mask_path, what: str) -> None:
+def _require_object(name: str, gt: np.ndarray, mask_path, what: str, values, valid=None) -> None:
     if not np.any(gt == 1):
-        raise InstanceError(f"{name}: mask {mask_path} has no object pixel ({what}); pass allow_empty=True to keep it")
+        raise InstanceError(f"{name}: mask {mask_path} has no object pixel ({what}; values in the file: "
+                            f"{values_summary(values, valid)})")
+
+
+_NOTICES: set = set()
+_NOTICES_LOCK = threading.Lock()
+
+
+def _warn_once(key, message: str) -> None:
+    """A `DatasetWarning` the first time ``key`` is seen in this process (loaders run once per use of an instance)."""
+    with _NOTICES_LOCK:
+        if key in _NOTICES:
+            return
+        _NOTICES.add(key)
+    warnings.warn(message, DatasetWarning, stacklevel=3)
+
+
+def _check_values(name: str, channels, mask_path, valid=None, labels: int = 2) -> None:
+    warning = two_valued_warning(channels, mask_path, valid, labels=labels)
+    if warning is not None:
+        _warn_once(("values", str(mask_path)), f"{name}: {warning}")
 
 
 def _load_ritm_single(
@@ -512,9 +550,16 @@ def _load_ritm_single(
     image = _read_pixels(name, pathlib.Path(image_path))
     mask = _read_pixels(name, pathlib.Path(mask_path))
     _check_same_size(name, image, image_path, mask, mask_path)
-    gt = decode_grabcut_gt(mask[..., 2]) if decoder == "grabcut" else decode_davis_gt(mask)
-    if not allow_empty:
-        _require_object(name, gt, mask_path, f"{decoder} decoding")
+    if decoder == "grabcut":
+        gt = decode_grabcut_gt(mask[..., 2])
+        _check_values(name, mask[..., 2], mask_path, valid=mask[..., 2] != 128)
+        what = "grabcut decoding: object = channel 0 > 128 or == 1, 128 = ignore"
+    else:
+        gt = decode_davis_gt(mask)
+        _check_values(name, mask, mask_path, labels=MAX_LABELS)
+        what = "davis decoding: object = any colour channel > 0"
+    if not allow_empty and not np.any(gt == 1):
+        _require_object(name, gt, mask_path, what, mask[..., 2] if decoder == "grabcut" else mask.max(axis=-1))
     return make_instance(instance_id, image, gt, dataset=dataset, source_paths=(image_path, mask_path))
 
 
@@ -525,13 +570,22 @@ def _load_rule_single(
     name = instance_name(dataset, instance_id)
     image = _read_pixels(name, pathlib.Path(image_path))
     try:
-        object_mask, valid = read_gt_mask(mask_path, rule, ignore_value)
+        reading = read_mask_checked(mask_path, rule, ignore_value)
     except MaskReadError as error:
         raise InstanceError(f"{name}: {error}") from error
-    _check_same_size(name, image, image_path, object_mask, mask_path)
-    gt = np.where(valid, object_mask.astype(np.int8), np.int8(IGNORE_LABEL)).astype(np.int8)
+    _check_same_size(name, image, image_path, reading.foreground, mask_path)
+    if reading.label_mask:
+        _warn_once(("labels", dataset, str(pathlib.Path(mask_path).parent)),
+                   f"{dataset}: masks hold 0/1 labels (e.g. {mask_path}): read as object = 1, background = 0 "
+                   f"(rule {reading.rule} in place of the default {rule}, which selects nothing in them; "
+                   "said once per dataset)")
+    if reading.warning is not None:
+        _warn_once(("values", str(mask_path)), f"{name}: {reading.warning}")
+    gt = np.where(reading.valid, reading.foreground.astype(np.int8), np.int8(IGNORE_LABEL)).astype(np.int8)
     if not allow_empty:
-        _require_object(name, gt, mask_path, f"rule {rule}")
+        _require_object(name, gt, mask_path, f"rule {reading.rule}"
+                        + ("" if ignore_value is None else f", ignore value {ignore_value}"),
+                        reading.values, reading.valid)
     return make_instance(instance_id, image, gt, dataset=dataset, source_paths=(image_path, mask_path))
 
 
@@ -928,7 +982,7 @@ def default_data_root(root=None) -> pathlib.Path:
     if root is None:
         root = os.environ.get(DATA_ENV_VAR)
         if not root:
-            raise DatasetError(f"no datasets root: pass root= (--data-root) or set ${DATA_ENV_VAR}")
+            raise DatasetError(f"no datasets root: give --data-root DIR (Python: root=) or set ${DATA_ENV_VAR}")
     path = pathlib.Path(root).expanduser()
     if not path.is_dir():
         raise DatasetError(f"datasets root {path} does not exist or is not a directory")
@@ -951,8 +1005,10 @@ def dataset_dir(kind: str | DatasetKind, root=None) -> pathlib.Path:
     wanted = normalize_name(kind_spec.name)
     found = sorted(p for p in base.iterdir() if p.is_dir() and normalize_name(p.name) == wanted)
     if not found:
+        present = sorted(p.name for p in base.iterdir() if p.is_dir())
+        listing = ", ".join(present[:8]) + (f" and {len(present) - 8} more" if len(present) > 8 else "")
         raise DatasetError(f"{kind_spec.name}: no folder named like {kind_spec.name!r} in datasets root {base} "
-                           f"(to read a dataset folder itself: load_dataset(path, kind={kind_spec.name!r}))")
+                           f"({'its folders: ' + listing if present else 'it has no folders'})")
     if len(found) > 1:
         raise DatasetError(f"{kind_spec.name}: several folders match in {base}: {', '.join(p.name for p in found)}")
     return found[0]

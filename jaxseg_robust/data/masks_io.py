@@ -14,6 +14,21 @@ The value is turned into foreground by a rule: ``>N``, ``>=N``, ``==N`` or
 unlabelled band around the object): those pixels become ``valid = False`` and
 background, whatever the rule says (RITM: ``==128 -> -1``).
 
+Inputs people actually have (`read_mask_checked`):
+  * **0/1 label masks** (the commonest export: object = 1, background = 0) under
+    the default rule ``>128``, which would select nothing, are read with ``>0``
+    instead (`resolve_rule`; the reading says so, ``label_mask=True``, and the
+    dataset loaders warn once per dataset). Any other rule is applied as given.
+  * A mask that is not (close to) **two-valued** (a photo, noise, a soft or
+    probability map) is still binarised by the rule, but the reading carries a
+    warning naming the file (`two_valued_warning`): more than `OFF_VALUE_LIMIT`
+    (2 %) of its pixels lie farther than a quarter of the gap from both of its
+    two commonest values (colours for RGB files, compared channel by channel,
+    so a magenta-on-black mask is two-valued and a photo is not). JPEG ringing
+    and anti-aliased edges stay within that tolerance. With an ``==N`` or
+    ``!=N`` rule (picking or merging object ids) a label map of up to
+    `MAX_LABELS` values is clean too.
+
 Every error is a :class:`MaskReadError` whose message starts with the file path.
 """
 
@@ -28,6 +43,11 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 MASK_SUFFIXES = (".png", ".bmp", ".jpg", ".jpeg", ".tif", ".tiff", ".gif", ".webp")
+DEFAULT_RULE = ">128"
+OFF_VALUE_LIMIT = 0.02     # fraction of pixels far from the two commonest values that makes a warning
+LABEL_SHARE = 0.002        # `off_value_fraction` with several labels: a value of >= 0.2 % of the pixels is a label
+MAX_LABELS = 16            # values a label map (object ids) may hold before it is "not a label mask"
+_SAMPLE_PIXELS = 1 << 16   # pixels looked at by `off_value_fraction` (an even stride over larger masks)
 
 _OPERATORS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
 _RULE_PATTERN = re.compile(r"^\s*(>=|>|==|!=)\s*(\d+)\s*$")
@@ -63,6 +83,49 @@ def parse_rule(text: str) -> MaskRule:
     return MaskRule(match.group(1), int(match.group(2)))
 
 
+def decode_mask(path) -> tuple[np.ndarray, np.ndarray]:
+    """Decodes a mask file into its values and its channels.
+
+    Args:
+      path: file path.
+
+    Returns:
+      (values, channels): ``values`` np.ndarray[H, W] of uint8 or int32 as
+      `read_mask_values`; ``channels`` [H, W, C] the decoded channels before the
+      maximum (C = 3 colours for RGB/RGBA, else C = 1: ``values[..., None]``).
+
+    Raises:
+      MaskReadError: unreadable file or unsupported image mode (names the file).
+    """
+    path = pathlib.Path(path)
+    try:
+        with Image.open(path) as image:
+            image.load()
+            mode = image.mode
+            if mode == "1":
+                values = np.asarray(image, dtype=np.uint8) * np.uint8(255)
+            elif mode in ("L", "P"):
+                values = np.asarray(image, dtype=np.uint8)
+            elif mode.startswith("I"):
+                values = np.asarray(image).astype(np.int32)
+            elif mode in ("RGB", "RGBA", "LA"):
+                colours = 1 if mode == "LA" else 3
+                channels = np.asarray(image)[..., :colours]
+                return channels.max(axis=-1), channels
+            else:
+                values = None
+    except _DECODE_ERRORS as error:
+        raise MaskReadError(f"{path}: cannot read image ({error})") from error
+    if values is None:
+        raise MaskReadError(f"{path}: unsupported image mode {mode!r} for a mask (use a grey, palette or RGB image)")
+    return values, values[..., None]
+
+
+def is_default_rule(rule: MaskRule | str) -> bool:
+    """True when ``rule`` is the default ``>128`` (raises ValueError for a malformed rule)."""
+    return (parse_rule(rule) if isinstance(rule, str) else rule) == parse_rule(DEFAULT_RULE)
+
+
 def read_mask_values(path) -> np.ndarray:
     """Decodes a mask file into integer values (see module doc for the modes).
 
@@ -75,23 +138,7 @@ def read_mask_values(path) -> np.ndarray:
     Raises:
       MaskReadError: unreadable file or unsupported image mode (names the file).
     """
-    path = pathlib.Path(path)
-    try:
-        with Image.open(path) as image:
-            image.load()
-            mode = image.mode
-            if mode == "1":
-                return np.asarray(image, dtype=np.uint8) * np.uint8(255)
-            if mode in ("L", "P"):
-                return np.asarray(image, dtype=np.uint8)
-            if mode.startswith("I"):
-                return np.asarray(image).astype(np.int32)
-            if mode in ("RGB", "RGBA", "LA"):
-                colours = 1 if mode == "LA" else 3
-                return np.asarray(image)[..., :colours].max(axis=-1)
-    except _DECODE_ERRORS as error:
-        raise MaskReadError(f"{path}: cannot read image ({error})") from error
-    raise MaskReadError(f"{path}: unsupported image mode {mode!r} for a mask (use a grey, palette or RGB image)")
+    return decode_mask(path)[0]
 
 
 def read_mask_size(path) -> tuple[int, int]:
@@ -141,6 +188,175 @@ def read_gt_mask(path, rule: MaskRule | str = ">128", ignore_value: int | None =
         return rule.apply(values), np.ones(values.shape, dtype=bool)
     valid = values != ignore_value
     return rule.apply(values) & valid, valid
+
+
+# ---- inputs people actually have: 0/1 label masks, masks that are not two-valued ----------------
+
+def is_label_mask(values, valid=None) -> bool:
+    """True for a 0/1 label mask: every (valid) value is 0 or 1 and some value is 1.
+
+    Args:
+      values: int[H, W] decoded values (`read_mask_values`).
+      valid: optional bool[H, W]; False pixels (ignore values) are not looked at.
+    """
+    values = np.asarray(values)
+    if valid is not None:
+        values = values[np.asarray(valid, bool)]
+    return bool(values.size) and bool(np.all((values == 0) | (values == 1))) and bool(np.any(values == 1))
+
+
+def resolve_rule(values, rule: MaskRule | str = DEFAULT_RULE, valid=None) -> tuple[MaskRule, bool]:
+    """The rule to apply to a file's values: ``rule``, or ``>0`` for a 0/1 label mask under the default rule.
+
+    The default ``>128`` selects nothing in a 0/1 label mask, so such a mask is
+    read as object = 1; any other rule is returned unchanged.
+
+    Args:
+      values: int[H, W] decoded values.
+      rule: the requested rule.
+      valid: optional bool[H, W] (ignore pixels are not looked at).
+    Returns:
+      (rule to apply, True when the 0/1 label reading replaced the default rule).
+    """
+    rule = parse_rule(rule) if isinstance(rule, str) else rule
+    if is_default_rule(rule) and is_label_mask(values, valid):
+        return MaskRule(">", 0), True
+    return rule, False
+
+
+def _keys(flat: np.ndarray) -> np.ndarray:
+    """One int64 per row of non-negative ints < 2**16 (one per channel value combination)."""
+    keys = np.zeros(flat.shape[0], np.int64)
+    for channel in range(flat.shape[1]):
+        keys = (keys << 16) | flat[:, channel]
+    return keys
+
+
+def off_value_fraction(channels, valid=None, *, labels: int = 2) -> tuple[float, list[tuple[int, ...]]]:
+    """How far a mask is from being two-valued (or ``labels``-valued).
+
+    The anchors are the two commonest values (colours) of the pixels, plus, for
+    ``labels`` > 2, the next commonest ones holding at least `LABEL_SHARE` of
+    the pixels (0.2 %), ``labels`` anchors at most. A pixel is off when its largest
+    channel difference to every anchor exceeds a quarter of the smallest
+    channel gap between two anchors. Masks larger than 2**16 pixels are looked
+    at on an even stride.
+
+    Args:
+      channels: int[H, W] or int[H, W, C] decoded values (C = 3 for colours).
+      valid: optional bool[H, W]; False pixels (ignore values) are not looked at.
+      labels: the most values a clean mask may have (2; more for label maps).
+    Returns:
+      (fraction of off pixels in [0, 1], anchors as tuples of channel values,
+      commonest first).
+    """
+    channels = np.asarray(channels)
+    if channels.ndim == 2:
+        channels = channels[..., None]
+    flat = channels.reshape(-1, channels.shape[-1])
+    if valid is not None:
+        flat = flat[np.asarray(valid, bool).reshape(-1)]
+    if flat.shape[0] == 0:
+        return 0.0, []
+    flat = np.clip(flat[::-(-flat.shape[0] // _SAMPLE_PIXELS)].astype(np.int64), 0, (1 << 16) - 1)
+    _, first, counts = np.unique(_keys(flat), return_index=True, return_counts=True)
+    colours = flat[first]
+    order = np.argsort(-counts, kind="stable")
+    anchors = [int(i) for i in order[:2]]
+    anchors += [int(i) for i in order[2:labels] if counts[i] >= LABEL_SHARE * flat.shape[0]]
+    if len(anchors) < 2:
+        return 0.0, [tuple(int(v) for v in colours[anchors[0]])]
+    points = colours[anchors]
+    gaps = np.abs(points[:, None, :] - points[None, :, :]).max(axis=-1)
+    tolerance = gaps[np.triu_indices(len(anchors), 1)].min() / 4.0
+    distance = np.full(colours.shape[0], np.inf)
+    for point in points:
+        distance = np.minimum(distance, np.abs(colours - point).max(axis=-1))
+    off = counts[distance > tolerance].sum() / flat.shape[0]
+    return float(off), [tuple(int(v) for v in point) for point in points]
+
+
+def _value_text(anchor: tuple[int, ...]) -> str:
+    return str(anchor[0]) if len(anchor) == 1 else "(" + ", ".join(str(v) for v in anchor) + ")"
+
+
+def two_valued_warning(channels, path, valid=None, *, labels: int = 2) -> str | None:
+    """A one-line warning naming ``path`` when the mask is not close to two-valued, else None.
+
+    Args:
+      channels: int[H, W] or int[H, W, C] decoded values (`decode_mask`).
+      path: the file, named in the warning.
+      valid: optional bool[H, W] (ignore pixels are not looked at).
+      labels: values a clean mask may have (`off_value_fraction`).
+    """
+    fraction, anchors = off_value_fraction(channels, valid, labels=labels)
+    if fraction <= OFF_VALUE_LIMIT:
+        return None
+    what = "colours" if np.ndim(channels) == 3 and np.shape(channels)[-1] > 1 else "values"
+    anchor_text = ", ".join(_value_text(a) for a in anchors)
+    kind = "two-valued" if labels == 2 else "label"
+    return (f"{path}: not a {kind} mask: {100.0 * fraction:.1f}% of its pixels are far from its commonest "
+            f"{what} {anchor_text} (a photo, noise or a soft mask?); it was binarised anyway")
+
+
+def values_summary(values, valid=None) -> str:
+    """Short text of a file's values for error messages: ``"only 0"``, ``"0, 3"``, ``"0..255 (187 distinct)"``."""
+    values = np.asarray(values)
+    if valid is not None:
+        values = values[np.asarray(valid, bool)]
+    distinct = np.unique(values)
+    if distinct.size == 0:
+        return "no labelled pixel"
+    if distinct.size == 1:
+        return f"only {int(distinct[0])}"
+    if distinct.size <= 4:
+        return ", ".join(str(int(v)) for v in distinct)
+    return f"{int(distinct[0])}..{int(distinct[-1])} ({distinct.size} distinct)"
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskReading:
+    """A ground-truth mask read by `read_mask_checked`.
+
+    Attributes:
+      foreground: bool[H, W] object pixels (False at ignore pixels).
+      valid: bool[H, W], False at ignore pixels.
+      values: int[H, W] the decoded values.
+      rule: the rule applied (``>0`` for a 0/1 label mask read with the default rule).
+      label_mask: True when the 0/1 label reading replaced the default rule.
+      warning: a line naming the file when the mask is not close to two-valued, else None.
+    """
+
+    foreground: np.ndarray
+    valid: np.ndarray
+    values: np.ndarray
+    rule: MaskRule
+    label_mask: bool
+    warning: str | None
+
+
+def read_mask_checked(path, rule: MaskRule | str = DEFAULT_RULE, ignore_value: int | None = None) -> MaskReading:
+    """Reads a mask like `read_gt_mask`, reading 0/1 label masks as such and checking it is two-valued.
+
+    Args:
+      path: mask file.
+      rule: foreground rule (default ``>128``; a 0/1 label mask is then read with ``>0``).
+      ignore_value: pixel value marking ignore pixels, or None.
+
+    Returns:
+      `MaskReading` (see the module doc for the label reading and the warning;
+      ``==N`` / ``!=N`` rules accept label maps of up to `MAX_LABELS` values).
+
+    Raises:
+      MaskReadError: unreadable file (names the file).
+    """
+    values, channels = decode_mask(path)
+    valid = np.ones(values.shape, bool) if ignore_value is None else values != ignore_value
+    applied, label_mask = resolve_rule(values, rule, valid)
+    foreground = applied.apply(values) & valid
+    labels = MAX_LABELS if applied.op in ("==", "!=") else 2  # id rules read label maps
+    warning = two_valued_warning(channels, path, valid, labels=labels)
+    return MaskReading(foreground, valid, values, applied, label_mask, warning)
 
 
 def list_mask_files(folder) -> tuple[dict[str, pathlib.Path], dict[str, list[pathlib.Path]]]:

@@ -159,6 +159,53 @@ def _halves(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return groups[:, :half], groups[:, half:]
 
 
+def _summary_row(groups: np.ndarray | None, base: np.ndarray | None, *, relative: bool) -> SummaryRow:
+    """The §6.2 row of whatever was run: NaN for every entry whose inputs are missing.
+
+    Args:
+      groups: float64[N, G] per-instance values of the groups G1..G (None: not run).
+      base: float64[N] per-instance Base values (None: not run).
+      relative: deltas as mean per-instance relative differences in % (NoC), else
+        mean absolute differences (IoU-AuC).
+    Returns:
+      SummaryRow: Sample mean/std need the groups, Base the Base, ΔSB both, ΔGR
+      G >= 2 and ΔHH an even G >= 2.
+    """
+    def delta(a, b):
+        return float(100.0 * ((a - b) / b).mean()) if relative else float((a - b).mean())
+
+    values = dict.fromkeys(SummaryRow._fields, float("nan"))
+    if groups is not None:
+        values.update(sample_mean=float(groups.mean(axis=1).mean()), sample_std=float(groups.std(axis=1).mean()))
+        if groups.shape[1] >= 2:
+            values["delta_gr"] = delta(groups[:, 0], groups[:, -1])
+        if groups.shape[1] >= 2 and groups.shape[1] % 2 == 0:
+            values["delta_hh"] = delta(*_halves(groups))
+    if base is not None:
+        values["base"] = float(base.mean())
+        if groups is not None:
+            values["delta_sb"] = delta(groups.mean(axis=1), base)
+    return SummaryRow(**values)
+
+
+def _nof_row(noc_groups: np.ndarray | None, noc_base: np.ndarray | None, num_clicks: int) -> SummaryRow:
+    """NoF row of whatever was run (`nof_summary`; NaN for entries whose inputs are missing)."""
+    values = dict.fromkeys(SummaryRow._fields, float("nan"))
+    counts = None if noc_groups is None else (noc_groups == num_clicks).sum(axis=0).astype(np.float64)
+    if counts is not None:
+        values.update(sample_mean=float(counts.mean()), sample_std=float(counts.std()))
+        if counts.shape[0] >= 2:
+            values["delta_gr"] = float(counts[0] - counts[-1])
+        if counts.shape[0] >= 2 and counts.shape[0] % 2 == 0:
+            half = counts.shape[0] // 2
+            values["delta_hh"] = float((counts[:half] - counts[half:]).mean())
+    if noc_base is not None:
+        values["base"] = float((noc_base == num_clicks).sum())
+        if counts is not None:
+            values["delta_sb"] = float(counts.mean() - values["base"])
+    return SummaryRow(**values)
+
+
 def noc_summary(noc_groups, noc_base) -> SummaryRow:
     """NoC20@90 row: Sample mean ± std, Base, ΔSB, ΔGR, ΔHH (relative, in percent).
 
@@ -171,15 +218,7 @@ def noc_summary(noc_groups, noc_base) -> SummaryRow:
     groups, base = _groups_and_base(noc_groups, noc_base, "NoC")
     if np.any(base < 1) or np.any(groups < 1):
         raise ValueError("NoC values must be >= 1")
-    first, second = _halves(groups)
-    return SummaryRow(
-        sample_mean=float(groups.mean(axis=1).mean()),
-        sample_std=float(groups.std(axis=1).mean()),
-        base=float(base.mean()),
-        delta_sb=float(100.0 * ((groups.mean(axis=1) - base) / base).mean()),
-        delta_gr=float(100.0 * ((groups[:, 0] - groups[:, -1]) / groups[:, -1]).mean()),
-        delta_hh=float(100.0 * ((first - second) / second).mean()),
-    )
+    return _summary_row(groups, base, relative=True)
 
 
 def auc_summary(auc_groups, auc_base) -> SummaryRow:
@@ -190,15 +229,7 @@ def auc_summary(auc_groups, auc_base) -> SummaryRow:
       auc_base: float[N] IoU-AuC of Base.
     """
     groups, base = _groups_and_base(auc_groups, auc_base, "AUC")
-    first, second = _halves(groups)
-    return SummaryRow(
-        sample_mean=float(groups.mean(axis=1).mean()),
-        sample_std=float(groups.std(axis=1).mean()),
-        base=float(base.mean()),
-        delta_sb=float((groups.mean(axis=1) - base).mean()),
-        delta_gr=float((groups[:, 0] - groups[:, -1]).mean()),
-        delta_hh=float((first - second).mean()),
-    )
+    return _summary_row(groups, base, relative=False)
 
 
 def nof_summary(noc_groups, noc_base, num_clicks: int = NUM_CLICKS) -> SummaryRow:
@@ -212,17 +243,7 @@ def nof_summary(noc_groups, noc_base, num_clicks: int = NUM_CLICKS) -> SummaryRo
       noc_groups: int[N, G]; noc_base: int[N]; num_clicks: the failure value (20).
     """
     groups, base = _groups_and_base(noc_groups, noc_base, "NoC")
-    counts = (groups == num_clicks).sum(axis=0).astype(np.float64)
-    base_count = float((base == num_clicks).sum())
-    half = counts.shape[0] // 2
-    return SummaryRow(
-        sample_mean=float(counts.mean()),
-        sample_std=float(counts.std()),
-        base=base_count,
-        delta_sb=float(counts.mean() - base_count),
-        delta_gr=float(counts[0] - counts[-1]),
-        delta_hh=float((counts[:half] - counts[half:]).mean()),
-    )
+    return _nof_row(groups, base, num_clicks)
 
 
 class UserRoundSummary(NamedTuple):
@@ -273,12 +294,22 @@ class DatasetBenchmark(NamedTuple):
     noc: SummaryRow | None
     nof: SummaryRow | None
     auc: SummaryRow | None
-    nsr_at_20: float
+    nsr_at_20: float               # NSR at the click budget (``num_clicks``; 20 in the benchmark)
     base_iou_at_1: float
     user: UserRoundSummary
     sample: UserRoundSummary
     group_noc: tuple[float, ...]   # mean NoC of each group G1..G (Fig. 6-style per-group view)
     group_auc: tuple[float, ...]   # mean IoU-AuC of each group
+    num_clicks: int = NUM_CLICKS   # click budget of NoC / NoF / IoU-AuC / NSR (table headers)
+    threshold: float = IOU_TARGET  # NoC / NoF IoU target (table headers)
+
+
+def _stacked(payloads: Sequence[Mapping], name: str, ndim: int) -> np.ndarray | None:
+    """``payload[name]`` of every instance stacked (float64), or None when an instance lacks it or it is empty."""
+    if not all(name in p for p in payloads):
+        return None
+    stacked = np.stack([np.asarray(p[name], np.float64) for p in payloads])
+    return stacked if stacked.ndim == ndim + 1 and stacked.size else None
 
 
 def dataset_benchmark(payloads: Sequence[Mapping], *, threshold: float = IOU_TARGET,
@@ -290,41 +321,49 @@ def dataset_benchmark(payloads: Sequence[Mapping], *, threshold: float = IOU_TAR
         (either may be missing), and optionally ``user_iou`` / ``sample_iou`` [n].
       threshold, num_clicks: NoC target and click budget (0.9, 20).
     Returns:
-      DatasetBenchmark. Base IoU@1 is averaged over the instances that have real
-      first-round clicks when user clicks were evaluated (the TETRIS rule of §6.2),
-      else over all instances.
+      DatasetBenchmark. The rows hold what was run (`SummaryRow` entries are NaN
+      where their inputs are missing): groups only (no Base) give Sample mean ±
+      std, ΔGR and, for an even G, ΔHH; Base only gives Base; ΔSB needs both.
+      Base IoU@1 is averaged over the instances that have real first-round
+      clicks when user clicks were evaluated (the TETRIS rule of §6.2), else over
+      all instances.
     """
     payloads = list(payloads)
     if not payloads:
         raise ValueError("payloads must not be empty")
-    have_groups = all("group_iou" in p for p in payloads)
-    have_base = all("base_iou" in p for p in payloads)
+    if not isinstance(threshold, (int, float)) or not 0.0 < float(threshold) <= 1.0:
+        raise ValueError(f"threshold must be an IoU in (0, 1]; got {threshold!r}")
     have_users = all("user_iou" in p for p in payloads)
+    groups = _stacked(payloads, "group_iou", 2)
+    base = _stacked(payloads, "base_iou", 1)
     noc = nof = auc = None
     nsr = float("nan")
     group_noc: tuple[float, ...] = ()
     group_auc: tuple[float, ...] = ()
-    if have_groups:
-        groups = np.stack([np.asarray(p["group_iou"], np.float64) for p in payloads])
+    noc_g = auc_g = noc_b = auc_b = None
+    if groups is not None:
         noc_g = noc_per_instance(groups, threshold, num_clicks)
         auc_g = auc_per_instance(groups, num_clicks)
         nsr = float(nsr_at_20(auc_g).mean())
         group_noc = tuple(float(v) for v in noc_g.mean(axis=0))
         group_auc = tuple(float(v) for v in auc_g.mean(axis=0))
-        if have_base and groups.shape[1] >= 2 and groups.shape[1] % 2 == 0:
-            base = np.stack([np.asarray(p["base_iou"], np.float64) for p in payloads])
-            noc_b = noc_per_instance(base, threshold, num_clicks)
-            noc = noc_summary(noc_g, noc_b)
-            nof = nof_summary(noc_g, noc_b, num_clicks)
-            auc = auc_summary(auc_g, auc_per_instance(base, num_clicks))
+    if base is not None:
+        noc_b = noc_per_instance(base, threshold, num_clicks)
+        auc_b = auc_per_instance(base, num_clicks)
+    if groups is not None or base is not None:
+        noc = _summary_row(None if noc_g is None else noc_g.astype(np.float64),
+                           None if noc_b is None else noc_b.astype(np.float64), relative=True)
+        nof = _nof_row(noc_g, noc_b, num_clicks)
+        auc = _summary_row(auc_g, auc_b, relative=False)
     base_at_1 = float("nan")
-    if have_base:
+    if base is not None:
         keep = [p for p in payloads if not have_users or len(p["user_iou"]) > 0]
         if keep:
             base_at_1 = float(np.mean([np.asarray(p["base_iou"], np.float64)[0] for p in keep]))
     user = user_round_summary(p["user_iou"] for p in payloads) if have_users else user_round_summary([])
     sample = user_round_summary(p["sample_iou"] for p in payloads) if have_users else user_round_summary([])
-    return DatasetBenchmark(len(payloads), noc, nof, auc, nsr, base_at_1, user, sample, group_noc, group_auc)
+    return DatasetBenchmark(len(payloads), noc, nof, auc, nsr, base_at_1, user, sample, group_noc, group_auc,
+                            num_clicks, float(threshold))
 
 
 def benchmark_by_dataset(records: Iterable[Mapping], **options) -> dict[str, DatasetBenchmark]:

@@ -31,9 +31,9 @@ import numpy as np
 
 from jaxseg_robust.reports.report_files import (
     example_records,
+    file_stem,
     load_run_records,
     report_folder,
-    safe_name,
     write_report_page,
     write_table_files,
 )
@@ -195,7 +195,7 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4, kind: str | No
     missing: list[str] = []
     for record, maps in example_records(records, max_examples, lambda r: load_heatmaps(run_dir, r["payload"]),
                                         missing):
-        name = f"{safe_name(record['dataset'])}_{safe_name(record['id'])}"
+        name = file_stem(record["dataset"], record["id"])
         image = load_source_image(record["payload"])
         if kind == "click":
             paths[f"heatmap_{name}"] = plot_click_grid(record, maps, out / f"heatmap_{name}.png", image)

@@ -4,9 +4,13 @@ Table (docs/protocols/rclicks.md §6.2, `metrics.rclicks_benchmark.dataset_bench
 NoC20@90 ``Sample mean ± std``, ``Base``, ``ΔSB``, ``ΔGR``, ``ΔHH`` (percent),
 NoF20@90 Sample / Base, IoU-AuC20 Sample / Base (×100), NSR@20 (×100) and the
 first-round columns (User IoU@1 ± std, Sample IoU@1 ± std, Base IoU@1, NSR@1,
-×100) when real clicks were evaluated. Markdown uses the paper's formats
-(``%.2f±%.2f``, ``%.1f±%.2f`` for NoF); the CSV holds the raw numbers
-(fractions for IoU values).
+×100) when real clicks were evaluated. The "20" and "90" of the headers are the
+benchmarks' click budget and IoU target (``--n-clicks 5 --target-iou 0.85``
+gives NoC5@85, NSR@5 and the CSV column ``nsr_at_5``; the CSV also states
+``n_clicks`` and ``target_iou``). Markdown uses the paper's formats
+(``%.2f±%.2f``, ``%.1f±%.2f`` for NoF; "–" where a quantity was not run, e.g.
+the Sample columns with ``--groups 0``); the CSV holds the raw numbers
+(fractions for IoU values, NaN where not run).
 
 Figure (paper Fig. 6): every pixel of the first-round clickability map ``M``
 (restricted to the object) is coloured by its clicking group G1..G10 — the band
@@ -25,12 +29,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jaxseg_robust.metrics.rclicks_benchmark import DatasetBenchmark
+from jaxseg_robust.metrics.rclicks_benchmark import IOU_TARGET, NUM_CLICKS, DatasetBenchmark
 from jaxseg_robust.reports.report_files import write_table_files
 from jaxseg_robust.reports.tables import markdown_table
 
-__all__ = ["CSV_COLUMNS", "table_rows", "to_markdown", "to_csv", "group_index_map", "plot_clicking_groups",
-           "write_tables"]
+__all__ = ["CSV_COLUMNS", "csv_columns", "budget_labels", "table_rows", "to_markdown", "to_csv",
+           "group_index_map", "plot_clicking_groups", "write_tables"]
 
 CSV_COLUMNS = (
     "dataset", "instances",
@@ -38,8 +42,28 @@ CSV_COLUMNS = (
     "nof_sample", "nof_sample_std", "nof_base", "nof_delta_sb", "nof_delta_gr", "nof_delta_hh",
     "auc_sample", "auc_sample_std", "auc_base", "auc_delta_sb", "auc_delta_gr", "auc_delta_hh",
     "nsr_at_20", "user_iou_at_1", "user_iou_at_1_std", "sample_iou_at_1", "sample_iou_at_1_std",
-    "base_iou_at_1", "user_nsr_at_1", "user_instances",
-)
+    "base_iou_at_1", "user_nsr_at_1", "user_instances", "n_clicks", "target_iou",
+)  # for the benchmark's 20 clicks; `csv_columns` names the NSR column after the click budget
+
+
+def csv_columns(num_clicks: int) -> tuple[str, ...]:
+    """`CSV_COLUMNS` with the NSR column named after the click budget (``nsr_at_<num_clicks>``)."""
+    return tuple(f"nsr_at_{num_clicks}" if c == "nsr_at_20" else c for c in CSV_COLUMNS)
+
+
+def budget_labels(benchmarks: Mapping[str, DatasetBenchmark]) -> tuple[int, str]:
+    """(click budget, IoU target in percent as text) shared by every dataset: ``(20, "90")`` for the benchmark.
+
+    Raises:
+      ValueError: the datasets were aggregated with different budgets or targets.
+    """
+    budgets = {(int(b.num_clicks), float(b.threshold)) for b in benchmarks.values()}
+    if not budgets:
+        budgets = {(NUM_CLICKS, IOU_TARGET)}
+    if len(budgets) != 1:
+        raise ValueError(f"benchmarks must share one click budget and IoU target; got {sorted(budgets)}")
+    num_clicks, threshold = budgets.pop()
+    return num_clicks, f"{round(100.0 * threshold, 4):g}"
 
 
 def _row_values(prefix: str, row) -> dict[str, float]:
@@ -50,7 +74,10 @@ def _row_values(prefix: str, row) -> dict[str, float]:
 
 
 def table_rows(benchmarks: Mapping[str, DatasetBenchmark]) -> list[dict]:
-    """One dict per dataset with every `CSV_COLUMNS` entry (raw numbers; IoU as fractions)."""
+    """One dict per dataset with every `CSV_COLUMNS` entry (raw numbers; IoU as fractions).
+
+    The NSR value is under ``nsr_at_20`` whatever the budget (``n_clicks``); `to_csv` renames the column.
+    """
     rows = []
     for name, bench in benchmarks.items():
         row = {"dataset": name, "instances": bench.instances}
@@ -60,7 +87,8 @@ def table_rows(benchmarks: Mapping[str, DatasetBenchmark]) -> list[dict]:
         row.update(nsr_at_20=bench.nsr_at_20, user_iou_at_1=bench.user.mean, user_iou_at_1_std=bench.user.std,
                    sample_iou_at_1=bench.sample.mean, sample_iou_at_1_std=bench.sample.std,
                    base_iou_at_1=bench.base_iou_at_1, user_nsr_at_1=bench.user.nsr,
-                   user_instances=bench.user.instances)
+                   user_instances=bench.user.instances, n_clicks=int(bench.num_clicks),
+                   target_iou=float(bench.threshold))
         rows.append(row)
     return rows
 
@@ -69,38 +97,48 @@ def _fmt(value: float, pattern: str, scale: float = 1.0) -> str:
     return "–" if value is None or not math.isfinite(value) else pattern % (value * scale)
 
 
+def _pm(mean: float, std: float, pattern: str, std_pattern: str, scale: float = 1.0) -> str:
+    """``mean±std``, or "–" when the mean was not run."""
+    if mean is None or not math.isfinite(mean):
+        return "–"
+    return _fmt(mean, pattern, scale) + "±" + _fmt(std, std_pattern, scale)
+
+
 def to_markdown(benchmarks: Mapping[str, DatasetBenchmark]) -> str:
     """The NoC table (and first-round columns when any dataset has real clicks) as Markdown."""
     rows = table_rows(benchmarks)
+    clicks, target = budget_labels(benchmarks)
     with_users = any(r["user_instances"] for r in rows)
-    header = ["dataset", "N", "NoC20@90 Sample", "Base", "ΔSB %", "ΔGR %", "ΔHH %",
-              "NoF20@90 Sample", "NoF Base", "IoU-AuC20 Sample", "AuC Base", "NSR@20"]
+    header = ["dataset", "N", f"NoC{clicks}@{target} Sample", "Base", "ΔSB %", "ΔGR %", "ΔHH %",
+              f"NoF{clicks}@{target} Sample", "NoF Base", f"IoU-AuC{clicks} Sample", "AuC Base", f"NSR@{clicks}"]
     if with_users:
         header += ["User IoU@1", "Sample IoU@1", "Base IoU@1", "NSR@1"]
     cell_rows = []
     for r in rows:
         cells = [r["dataset"], str(r["instances"]),
-                 _fmt(r["noc_sample"], "%.2f") + "±" + _fmt(r["noc_sample_std"], "%.2f"),
+                 _pm(r["noc_sample"], r["noc_sample_std"], "%.2f", "%.2f"),
                  _fmt(r["noc_base"], "%.2f"), _fmt(r["noc_delta_sb_pct"], "%.2f"),
                  _fmt(r["noc_delta_gr_pct"], "%.2f"), _fmt(r["noc_delta_hh_pct"], "%.2f"),
-                 _fmt(r["nof_sample"], "%.1f") + "±" + _fmt(r["nof_sample_std"], "%.2f"),
+                 _pm(r["nof_sample"], r["nof_sample_std"], "%.1f", "%.2f"),
                  _fmt(r["nof_base"], "%d"),
-                 _fmt(r["auc_sample"], "%.2f", 100) + "±" + _fmt(r["auc_sample_std"], "%.2f", 100),
+                 _pm(r["auc_sample"], r["auc_sample_std"], "%.2f", "%.2f", 100),
                  _fmt(r["auc_base"], "%.2f", 100), _fmt(r["nsr_at_20"], "%.2f", 100)]
         if with_users:
-            cells += [_fmt(r["user_iou_at_1"], "%.2f", 100) + "±" + _fmt(r["user_iou_at_1_std"], "%.2f", 100),
-                      _fmt(r["sample_iou_at_1"], "%.2f", 100) + "±" + _fmt(r["sample_iou_at_1_std"], "%.2f", 100),
+            cells += [_pm(r["user_iou_at_1"], r["user_iou_at_1_std"], "%.2f", "%.2f", 100),
+                      _pm(r["sample_iou_at_1"], r["sample_iou_at_1_std"], "%.2f", "%.2f", 100),
                       _fmt(r["base_iou_at_1"], "%.2f", 100), _fmt(r["user_nsr_at_1"], "%.2f", 100)]
         cell_rows.append(cells)
     return markdown_table(header, cell_rows, align_numbers=False)
 
 
 def to_csv(benchmarks: Mapping[str, DatasetBenchmark]) -> str:
-    """Every `CSV_COLUMNS` value per dataset (NaN for quantities that were not run)."""
+    """Every `CSV_COLUMNS` value per dataset (NaN for quantities that were not run; `csv_columns` names)."""
+    clicks, _ = budget_labels(benchmarks)
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=csv_columns(clicks), lineterminator="\n")
     writer.writeheader()
     for row in table_rows(benchmarks):
+        row[f"nsr_at_{clicks}"] = row.pop("nsr_at_20")
         writer.writerow(row)
     return out.getvalue()
 

@@ -4,13 +4,14 @@ A protocol's report (`jaxseg_robust.reports.tetris.write_report`, ...) reads
 the latest record of every instance (`load_run_records`), writes its table as
 ``<stem>.md`` / ``<stem>.csv`` (`write_table_files`) into the report folder
 (`report_folder`, default ``RUN_DIR/report``), draws plots for a few example
-instances per dataset (`example_records`, file names from `safe_name`) and
+instances per dataset (`example_records`, file names from `file_stem`) and
 ends with ``report.md`` (`write_report_page`: the page's parts plus a
 "Failed instances" section).
 """
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -25,9 +26,43 @@ def load_run_records(run_dir) -> list[dict]:
     return list(latest_records(read_run_records(pathlib.Path(run_dir))).values())
 
 
-def safe_name(text: str) -> str:
-    """A file-name-safe version of a dataset or instance name."""
+HASH_MARK = "~"  # never produced by `sanitize_name`, so a marked stem cannot equal an unmarked one
+_HASH_CHARS = 8
+
+
+def sanitize_name(text: str) -> str:
+    """``text`` with every run of characters outside ``[A-Za-z0-9._-]`` replaced by ``_`` (stripped; "x" if empty).
+
+    Not injective ("a b" and "a_b" give "a_b"): file names use `file_stem` / `safe_name`.
+    """
     return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("_") or "x"
+
+
+def file_stem(*parts: str) -> str:
+    """An injective, file-name-safe stem for a key such as ``(dataset, id)``: distinct keys, distinct files.
+
+    The parts are sanitized (`sanitize_name`) and joined with ``_``; when that
+    could lose information (a part was changed by sanitizing, or a part other
+    than the last holds ``_``, so the join could be split two ways) the stem
+    gets ``~`` and the first 8 hex digits of the SHA-256 of the parts, e.g.
+    ``("toy", "a b") -> "toy_a_b~1c0e…"`` while ``("toy", "a_b") -> "toy_a_b"``.
+    Stable across runs and machines (the hash depends only on the parts).
+    """
+    if not parts:
+        raise ValueError("file_stem needs at least one part")
+    texts = [str(part) for part in parts]
+    safe = [sanitize_name(text) for text in texts]
+    ambiguous = any(a != b for a, b in zip(safe, texts)) or any("_" in text for text in safe[:-1])
+    stem = "_".join(safe)
+    if not ambiguous:
+        return stem
+    digest = hashlib.sha256("\x00".join(texts).encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+    return f"{stem}{HASH_MARK}{digest}"
+
+
+def safe_name(text: str) -> str:
+    """An injective file-name-safe version of one dataset or instance name (`file_stem` of one part)."""
+    return file_stem(text)
 
 
 def failed_lines(records: Iterable[Mapping]) -> list[str]:
@@ -90,5 +125,5 @@ def write_report_page(out_dir, parts: list[str], records: Iterable[Mapping],
     return paths
 
 
-__all__ = ["REPORT_DIR", "load_run_records", "safe_name", "failed_lines", "report_folder", "write_table_files",
-           "example_records", "write_report_page"]
+__all__ = ["REPORT_DIR", "load_run_records", "sanitize_name", "file_stem", "safe_name", "failed_lines",
+           "report_folder", "write_table_files", "example_records", "write_report_page"]

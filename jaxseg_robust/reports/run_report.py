@@ -30,9 +30,9 @@ from collections.abc import Callable
 from jaxseg_robust.reports.report_files import (
     REPORT_DIR,
     example_records,
+    file_stem,
     load_run_records,
     report_folder,
-    safe_name,
     write_report_page,
     write_table_files,
 )
@@ -104,7 +104,7 @@ def write_breps_report(run_dir, out_dir, *, max_examples: int = 4) -> dict[str, 
         unrecorded: list[str] = []
         for record, image in example_records(records, max_examples, lambda r: load_source_image(r["payload"]),
                                              unrecorded):
-            key = f"boxes_{safe_name(record['dataset'])}_{safe_name(record['id'])}"
+            key = f"boxes_{file_stem(record['dataset'], record['id'])}"
             paths[key] = plot_prompts(image, out / f"{key}.png", boxes=_breps_boxes(record["payload"], mode),
                                       title=f"{record['dataset']}/{record['id']}\ntight and adversarial boxes")
             parts += [f"![{record['id']}]({paths[key].name})", ""]

@@ -1,0 +1,71 @@
+"""Inputs people actually have, through the CLI: 0/1 label masks, noise masks, folder-only mask flags, flag
+values that could only give an empty or degenerate table (refused up front, exit 2, one line)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from cli_helpers import GOOD, folder_flags, make_folder, run_cli
+from jaxseg_robust import cli
+from jaxseg_robust.commands.grid import prompt_count
+from jaxseg_robust.data.datasets import DatasetWarning
+from jaxseg_robust.runner.records import latest_records, read_run_records
+
+COMMANDS = [["tetris"], ["breps"], ["grid", "--kind", "box", "--stride", "16"], ["rclicks", "--clickability", "dt"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("flag", [["--mask-rule", ">0"], ["--mask_ignore", "128"]], ids=lambda f: f[0])
+def test_folder_mask_flags_with_datasets_alone_are_refused(tmp_path, capsys, command, flag):
+    out = tmp_path / "run"
+    argv = [*command, "--model", "sam_tiny", "--datasets", "grabcut", "--data-root", str(tmp_path),
+            "--out", str(out), "--progress", "none", *flag]
+    code, _, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_FAILURE
+    assert flag[0].replace("_", "-") + " applies to --folder masks" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_perturb_refuses_a_mask_rule_no_dataset_uses(tmp_path, capsys):
+    (tmp_path / "grabcut").mkdir()
+    argv = ["perturb", "--model", "sam_tiny", "--random-init", "--datasets", "grabcut", "--data-root",
+            str(tmp_path), "--mask-rule", ">0", "--attacks", "padam", "--out", str(tmp_path / "run"),
+            "--progress", "none"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_FAILURE and "--mask-rule applies to plain image/mask folders" in err
+
+
+def test_zero_one_label_masks_run_and_a_noise_mask_is_named(tmp_path, capsys):
+    folder = make_folder(tmp_path, bad=False)
+    for stem in GOOD:  # the commonest export: 0/1 labels (failed with "pass allow_empty=True" before)
+        path = folder / "masks" / f"{stem}.png"
+        Image.fromarray((np.asarray(Image.open(path)) > 0).astype(np.uint8)).save(path)
+    noise = np.random.default_rng(5).integers(0, 256, np.asarray(Image.open(path)).shape, dtype=np.uint8)
+    Image.fromarray(np.asarray(Image.open(folder / "images" / "a0.png"))).save(folder / "images" / "n0.png")
+    Image.fromarray(noise).save(folder / "masks" / "n0.png")
+    out = tmp_path / "run"
+    argv = ["tetris", "--model", "sam_tiny", "--mode", "baseline", "--n-clicks", "2", *folder_flags(folder),
+            "--out", str(out), "--progress", "none"]
+    with pytest.warns(DatasetWarning) as caught:  # printed to stderr by Python outside pytest
+        code, _, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_OK, err
+    records = latest_records(read_run_records(out))
+    assert sorted(key[1] for key, r in records.items() if r["status"] == "ok") == sorted([*GOOD, "n0"])
+    messages = [str(w.message) for w in caught if issubclass(w.category, DatasetWarning)]
+    assert sum("toy: masks hold 0/1 labels" in m for m in messages) == 1 and "allow_empty" not in err
+    assert sum("n0.png: not a two-valued mask" in m for m in messages) == 1
+
+
+@pytest.mark.parametrize("kind, stride, fine", [("click", 48, 47), ("box", 97, 96)])
+def test_a_grid_stride_larger_than_every_image_is_refused(tmp_path, capsys, kind, stride, fine):
+    folder = make_folder(tmp_path, bad=False)  # 40 x 48 images
+    out = tmp_path / "run"
+    argv = ["grid", "--kind", kind, "--model", "sam_tiny", *folder_flags(folder), "--out", str(out),
+            "--progress", "none", "--stride", str(stride)]
+    code, _, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_FAILURE and not out.exists()
+    assert f"--stride {stride} leaves a single" in err and f"--stride {fine} or less" in err
+    assert len(err.strip().splitlines()) == 1
+    assert prompt_count(kind, fine, 40, 48) >= 2 and prompt_count(kind, stride, 40, 48) == 1
