@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxseg_robust.cli import EXIT_FAILURE, EXIT_OK
-from jaxseg_robust.commands.prompt_common import add_process_arguments, start_processes
+from jaxseg_robust.commands.prompt_common import CommandError, add_process_arguments, start_processes
 
 ATTACK_GROUPS = {
     "padam-ce": ("padam_ce",), "padam-cos": ("padam_cos",), "padam": ("padam_ce", "padam_cos"),
@@ -420,7 +420,8 @@ def run(args) -> int:
         if not instances:
             raise ValueError(f"no instances in --datasets {args.datasets}")
     except Exception as error:  # noqa: BLE001 - every setup problem is a bad-argument exit
-        _error(f"{type(error).__name__}: {error}" if not isinstance(error, ValueError) else str(error))
+        _error(f"{type(error).__name__}: {error}" if not isinstance(error, (ValueError, CommandError))
+               else str(error))
         return EXIT_FAILURE
 
     from jaxseg_robust.attacks.perturb.ensemble import BatteryConfig, build_battery  # noqa: PLC0415
@@ -451,7 +452,7 @@ def run(args) -> int:
                              allow_manifest_mismatch=args.allow_manifest_mismatch,
                              retry_failed=args.retry_failed, progress=args.progress,
                              process_index=process_index, process_count=process_count)
-    except (ValueError, RuntimeError) as error:
+    except (ValueError, RuntimeError, OSError) as error:
         _error(f"{type(error).__name__}: {error}")
         return EXIT_FAILURE
     print(summary.format())

@@ -177,8 +177,31 @@ def add_process_arguments(parser) -> None:
              help="number of independent jobs splitting the run (with --process-index)")
 
 
+def check_outputs(args) -> None:
+    """Checks ``--out`` is a writable run directory (or can be created as one) and ``--progress`` can be shown.
+
+    Runs before any model is loaded or anything computed; creates nothing.
+
+    Raises:
+      CommandError: naming the flag (an unwritable --out, --progress tqdm without tqdm).
+    """
+    from jaxseg_robust.runner.progress import check_progress_mode  # noqa: PLC0415
+    from jaxseg_robust.runner.rundir import check_writable_dir  # noqa: PLC0415
+
+    try:
+        if getattr(args, "out", None) is not None:
+            check_writable_dir(args.out, "--out")
+        if getattr(args, "progress", None) is not None:
+            check_progress_mode(args.progress)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+
+
 def start_processes(args) -> tuple[int | None, int | None]:
     """Checks the process flags and starts ``jax.distributed`` when asked; call before anything uses JAX.
+
+    Also checks ``--out`` and ``--progress`` (`check_outputs`), so every run
+    command refuses an unwritable run directory before it computes anything.
 
     Args:
       args: parsed flags with ``distributed``, ``process_index``, ``process_count``.
@@ -205,6 +228,7 @@ def start_processes(args) -> tuple[int | None, int | None]:
             jax.distributed.initialize()
         except (RuntimeError, ValueError) as error:
             raise CommandError(f"--distributed: jax.distributed.initialize() failed: {error}") from None
+    check_outputs(args)
     return index, count
 
 

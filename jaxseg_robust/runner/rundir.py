@@ -84,10 +84,19 @@ def records_path(run_dir, process_index: int = 0) -> pathlib.Path:
     return pathlib.Path(run_dir) / f"records{process_suffix(process_index)}.jsonl"
 
 
-def check_writable_dir(path, what: str = "directory") -> pathlib.Path:
-    """Creates ``path`` (with parents) if missing and checks a file can be created in it.
+def _probe(directory: pathlib.Path) -> None:
+    """Creates and removes a file in ``directory`` (raises OSError when that is impossible)."""
+    probe = directory / f".write_probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    with open(probe, "w", encoding="utf-8"):
+        pass
+    probe.unlink()
 
-    Call it before any compute, so a run never computes results it cannot save.
+
+def check_writable_dir(path, what: str = "directory") -> pathlib.Path:
+    """Checks that ``path`` is, or can be created as, a directory files can be written to; creates nothing.
+
+    Call it before any compute, so a run never computes results it cannot
+    save. A missing ``path`` is checked at its nearest existing ancestor.
 
     Args:
       path: the directory.
@@ -97,25 +106,26 @@ def check_writable_dir(path, what: str = "directory") -> pathlib.Path:
       ``path`` as a `pathlib.Path`.
 
     Raises:
-      ValueError: naming ``what`` and the path, when it is not a directory, cannot
-        be created or is not writable.
+      ValueError: naming ``what`` and the path, when it (or an ancestor) is not
+        a directory, or no file can be created there.
     """
     path = pathlib.Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{what} {path} exists and is not a directory")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        blocker = "it" if existing == path else str(existing)
+        raise ValueError(f"{what} {path} cannot be a directory: {blocker} exists and is not a directory")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write_probe.{os.getpid()}"
-        with open(probe, "w", encoding="utf-8"):
-            pass
-        probe.unlink()
+        _probe(existing)
     except OSError as error:
-        raise ValueError(f"{what} {path} is not writable: {error.strerror or error}") from None
+        where = "" if existing == path else f" (in {existing})"
+        raise ValueError(f"{what} {path} is not writable{where}: {error.strerror or error}") from None
     return path
 
 
 def check_writable_file(path, what: str = "output file") -> pathlib.Path:
-    """Checks that ``path`` can be written (its folder is created if missing); the file itself is not created.
+    """Checks that ``path`` can be written (its folder may be missing); creates nothing.
 
     Raises:
       ValueError: naming ``what`` and the path, when it is a directory or its folder is not writable.
@@ -123,7 +133,10 @@ def check_writable_file(path, what: str = "output file") -> pathlib.Path:
     path = pathlib.Path(path)
     if path.is_dir():
         raise ValueError(f"{what} {path} is a directory")
-    check_writable_dir(path.parent if str(path.parent) else ".", f"the folder of {what} {path}")
+    try:
+        check_writable_dir(path.parent, "folder")
+    except ValueError as error:
+        raise ValueError(f"{what} {path}: {error}") from None
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{what} {path} is not writable")
     return path
