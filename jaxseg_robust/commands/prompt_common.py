@@ -499,7 +499,8 @@ def run_protocol(args, *, instances: Sequence, batch_fn: Callable, config: Mappi
                    retry_failed=args.retry_failed, abort_after_consecutive_failures=args.abort_after,
                    progress=args.progress)
     except ManifestMismatchError as error:
-        raise CommandError(f"{error}".replace("allow_mismatch=True", "--allow-manifest-mismatch")) from None
+        raise CommandError(f"{error}".replace("allow_mismatch=True (CLI: --allow-manifest-mismatch)",
+                                              "--allow-manifest-mismatch")) from None
     except (RunDirectoryBusyError, RunAbortedError) as error:
         raise CommandError(str(error)) from None
     except (ValueError, OSError) as error:

@@ -59,7 +59,8 @@ Failure policy:
     memory?)") without running it again (``retry_failed`` retries it).
 
 Resized instances: a member with a ``resize_note`` mapping (e.g. a
-`jaxseg_robust.data.datasets.SizeGuardRef`, the size guard of every command)
+`jaxseg_robust.data.datasets.ResizedInstanceRef`, made by the size guard of every
+command)
 gets it as the record's ``"resized"`` field (original size, scale, how
 results map back).
 
@@ -260,11 +261,15 @@ def _evaluate_group(group, frame: Frame, slots: int, batch_fn, mesh, finalize, c
             except Exception as error:  # noqa: BLE001
                 records[instance.key] = _failed_record(instance.key, error)
                 compute_failures += 1
-    for member in group:
-        note = getattr(member, "resize_note", None)
-        if note:
-            records[member.key]["resized"] = dict(note)
-    return [records[member.key] for member in group], compute_failures
+    return [_noted(records[member.key], member) for member in group], compute_failures
+
+
+def _noted(record: dict, member: AnyInstance) -> dict:
+    """``record`` with the member's ``resize_note`` (if any) as its ``"resized"`` field."""
+    note = getattr(member, "resize_note", None)
+    if note:
+        record["resized"] = dict(note)
+    return record
 
 
 @dataclasses.dataclass
@@ -407,7 +412,8 @@ def run(
                 bar.update(*tally.add(rejected_records, 0))
                 for bucket in buckets:
                     members, singles, doomed = _split_suspects(bucket.members, kills)
-                    doomed_records = [make_record(member.key, STATUS_FAILED, error=KILLED_TWICE) for member in doomed]
+                    doomed_records = [_noted(make_record(member.key, STATUS_FAILED, error=KILLED_TWICE), member)
+                                      for member in doomed]
                     writer.write_batch(doomed_records)
                     bar.update(*tally.add(doomed_records, 0))
                     for group in [*chunks(members, slots), *([member] for member in singles)]:
