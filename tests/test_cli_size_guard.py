@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import sys
 
 import numpy as np
@@ -20,7 +21,7 @@ from jaxseg_robust.data.instances import InstanceRef, make_instance
 from jaxseg_robust.runner.engine import run
 from jaxseg_robust.runner.records import latest_records, read_run_records
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import runner_toy as toy  # noqa: E402
 
 

@@ -69,7 +69,8 @@ def test_a_batch_that_kills_its_process_is_retried_alone_then_recorded_as_failed
     latest = latest_records(read_run_records(run_dir))
     assert len(latest) == COUNT
     failed = {key: r for key, r in latest.items() if r["status"] == "failed"}
-    assert list(failed) == [("toy", f"im{POISONED:03d}")] and failed[("toy", f"im{POISONED:03d}")]["error"] == KILLED_TWICE
+    culprit = ("toy", f"im{POISONED:03d}")
+    assert list(failed) == [culprit] and failed[culprit]["error"] == KILLED_TWICE
     reference = {i.key: toy.reference_payload(i) for i in toy.toy_instances(COUNT)}
     for key, record in latest.items():
         if record["status"] == "ok":

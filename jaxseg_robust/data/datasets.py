@@ -1071,7 +1071,7 @@ def load_datasets(names, root=None, *, paths: Mapping[str, Any] | None = None,
 
 # ----------------------------------------------------------------------------- size guard (every command)
 
-DEFAULT_MAX_SIDE = 2048  # memory guard: peak memory grows ~550 bytes per pixel (a 2048 x 1536 image ~1.7 GB)
+DEFAULT_MAX_SIDE = 2048  # memory guard: ~550 bytes per pixel (tetris, 4000x3000 image: 3.0 GB peak, 7.8 unguarded)
 SIZE_GUARD_METHOD = "Pillow bilinear (image), nearest neighbour (ground truth)"
 MAP_BACK = ("results (clicks, boxes, masks, metrics) are in the resized frame of size [h, w]; a point (x, y) maps "
             "back to x0 = (x + 0.5) * W0 / w - 0.5, y0 = (y + 0.5) * H0 / h - 0.5, a mask by nearest-neighbour "

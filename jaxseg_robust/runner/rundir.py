@@ -32,9 +32,11 @@ have records); a dataset that only grew resumes without an override.
 
 Whichever process arrives first creates the manifest (atomically: nobody
 waits for anybody, and array jobs may start in any order); the others check
-it, and only process 0 appends session entries to an existing one. The lock (``fcntl.flock``, released by the kernel even on SIGKILL)
-stops two runs of the same process index from appending to one records file
-at once; it is advisory and may not work on every network file system.
+it, and only process 0 appends session entries to an existing one.
+
+The lock (``fcntl.flock``, released by the kernel even on SIGKILL) stops two
+runs of the same process index from appending to one records file at once;
+it is advisory and may not work on every network file system.
 """
 
 from __future__ import annotations
