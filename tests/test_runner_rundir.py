@@ -201,3 +201,15 @@ def test_dataset_fingerprint_in_memory_and_refs():
                                                                           fingerprint="v2:r")])
     with pytest.raises(ValueError, match="^r: cannot fingerprint an InstanceRef"):
         dataset_fingerprint([InstanceRef("r", 2, 2, loader=lambda: one)])
+
+
+def test_an_older_run_directory_gains_per_instance_fingerprints_and_says_why_it_cannot_name_changes(tmp_path):
+    _open(tmp_path).close()  # as an older version wrote it: no "instances" section
+    assert "instances" not in read_manifest(tmp_path)
+    table = {("toy", "a"): "0" * 16, ("toy", "b"): "1" * 16}
+    _open(tmp_path, instance_fingerprints=table).close()
+    assert read_manifest(tmp_path)["instances"] == {"toy": {"a": "0" * 16, "b": "1" * 16}}
+    old = tmp_path / "old"
+    _open(old).close()
+    with pytest.raises(ManifestMismatchError, match="predates per-instance fingerprints"):
+        _open(old, fingerprints={"model": "sha256:aa", "dataset": "sha256:cc"}, instance_fingerprints=table)
