@@ -4,18 +4,28 @@ Exit codes (every command):
   0  success: every item was processed;
   1  partial failure: the run finished but some items failed (they are named
      in the output and in the run's records);
-  2  failure: bad arguments or nothing could be processed.
+  2  failure: bad arguments or nothing could be processed, or an unexpected
+     internal error (one line naming it; set JAXSEG_ROBUST_TRACEBACK=1 to
+     see the traceback);
+  130  interrupted (Ctrl-C, or SIGTERM as a batch scheduler sends before its
+     kill): one line, no traceback; rerunning the same command resumes
+     (records are written once per batch).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+import traceback
 
 EXIT_OK = 0
 EXIT_PARTIAL = 1
 EXIT_FAILURE = 2
+EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
+TRACEBACK_ENV_VAR = "JAXSEG_ROBUST_TRACEBACK"
 
 # Sub-command modules under jaxseg_robust.commands, in the order --help lists them.
 COMMAND_MODULES = ("score", "breps", "tetris", "grid", "rclicks", "perturb", "report", "demo")
@@ -36,14 +46,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop_on_sigterm():
+    """Makes SIGTERM stop a command like Ctrl-C (clean stop, resumable); returns the previous handler.
+
+    A batch scheduler's SIGTERM would otherwise end the process like a kill,
+    and the run's in-flight journal would count the batch as one that killed it.
+    """
+    try:
+        return signal.signal(signal.SIGTERM, _raise_interrupt)
+    except (ValueError, OSError):  # not the main thread: leave signals alone
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parses ``argv`` and runs the chosen sub-command; returns its exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "func", None) is None:
-        parser.print_help()
+    """Parses ``argv`` and runs the chosen sub-command; returns its exit code.
+
+    Ctrl-C anywhere prints one line and returns `EXIT_INTERRUPTED`; any
+    exception a command did not turn into a message prints one line naming
+    it (plus the traceback when ``$JAXSEG_ROBUST_TRACEBACK`` is set) and
+    returns `EXIT_FAILURE`, never the "partial" code 1.
+    """
+    command = "jaxseg-robust"
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            parser.print_help()
+            return EXIT_FAILURE
+        command = f"jaxseg-robust {args.command}"
+        previous = _stop_on_sigterm()
+        try:
+            return int(args.func(args))
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted; rerun the same command to resume", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - the exit-code contract: never a bare traceback, never 1
+        if os.environ.get(TRACEBACK_ENV_VAR):
+            traceback.print_exc()
+            hint = ""
+        else:
+            hint = f" (rerun with {TRACEBACK_ENV_VAR}=1 for the traceback)"
+        print(f"{command}: internal error: {type(error).__name__}: {error}{hint}", file=sys.stderr, flush=True)
         return EXIT_FAILURE
-    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -125,16 +125,26 @@ def test_rerun_resumes_and_a_broken_instance_gives_exit_1(first_run, capsys):
     assert "3 skipped" in capsys.readouterr().out
     (data / "images" / "im9.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
     Image.fromarray(np.zeros((HEIGHT, WIDTH), np.uint8)).save(data / "masks" / "im9.png")
-    # the dataset changed, so its fingerprint does: resuming into the old directory must be explicit
-    assert main(argv) == EXIT_FAILURE
-    assert "manifest" in capsys.readouterr().err.lower()
-    assert main([*argv, "--allow-manifest-mismatch"]) == EXIT_PARTIAL
+    # the dataset grew by one instance: no recorded result is invalidated, so it resumes without an override
+    assert main(argv) == EXIT_PARTIAL
     captured = capsys.readouterr()
     assert "im9" in captured.out
     failed = [r for r in read_run_records(out) if r["status"] == "failed"]
     assert [r["id"] for r in failed] == ["im9"]
     assert main(["perturb", "--out", str(out), "--report-only"]) == EXIT_OK
     assert "im9" in (out / "report" / "report.md").read_text()
+
+
+def test_max_side_is_the_shared_size_guard_and_the_record_says_so(tiny_model, tmp_path):
+    data = write_dataset(tmp_path / "big", 1)
+    out = tmp_path / "run"
+    argv = ["perturb", "--model", str(tiny_model), "--datasets", str(data), "--attacks", "padam-ce", "--out",
+            str(out), "--progress", "none", "--examples", "0", "--no-report", *BUDGETS, "--max_side", "9"]
+    assert main(argv) == EXIT_OK
+    (record,) = read_run_records(out)
+    assert record["resized"]["original_size"] == [HEIGHT, WIDTH] and record["resized"]["size"] == [7, 9]
+    assert (record["payload"]["height"], record["payload"]["width"]) == (7, 9)
+    assert json.loads((out / "manifest.json").read_text())["config"]["max_side"] == 9
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import functools
 import io
 import pathlib
@@ -261,14 +263,44 @@ def test_bad_arguments(instances, tmp_path):
 
 def test_manifest_mismatch_through_run(instances, tmp_path):
     _run(instances[:3], toy.toy_batch_fn, tmp_path)
-    with pytest.raises(ManifestMismatchError, match="fingerprints.dataset"):
-        _run(instances, toy.toy_batch_fn, tmp_path)
     with pytest.raises(ManifestMismatchError, match=r"config.protocol: recorded \"toy\", now \"other\""):
         run(instances[:3], toy.toy_batch_fn, tmp_path, 3, config={"protocol": "other"}, progress="none")
     with pytest.raises(ManifestMismatchError, match="engine.frame_policy"):
         _run(instances[:3], toy.toy_batch_fn, tmp_path, frame_policy=RoundUpFrame(4))
-    summary = _run(instances, toy.toy_batch_fn, tmp_path, allow_manifest_mismatch=True)
+    changed = [toy.poison(instances[0]), *instances[1:]]
+    with pytest.raises(ManifestMismatchError, match="fingerprints.dataset"):
+        _run(changed, toy.toy_batch_fn, tmp_path)
+    summary = _run(changed, toy.toy_batch_fn, tmp_path, allow_manifest_mismatch=True)
     assert (summary.skipped, summary.ok) == (3, 8)
+
+
+def test_a_grown_dataset_resumes_and_a_changed_one_is_explained_by_key(instances, tmp_path):
+    _run(instances[:3], toy.toy_batch_fn, tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert sorted(manifest["instances"]["toy"]) == ["im000", "im001", "im002"]
+    grown = _run(instances[:5], toy.toy_batch_fn, tmp_path)  # raising --limit: nothing recorded is invalidated
+    assert (grown.skipped, grown.ok) == (3, 2)
+    assert sorted(json.loads((tmp_path / "manifest.json").read_text())["instances"]["toy"]) == [
+        f"im{i:03d}" for i in range(5)]
+    # a repaired (changed) file and a dropped instance, both recorded, plus two new ones
+    edited = [toy.poison(instances[1]), instances[0], *instances[3:7]]
+    with pytest.raises(ManifestMismatchError) as info:
+        _run(edited, toy.toy_batch_fn, tmp_path)
+    message = str(info.value)
+    assert "2 added (toy/im005, toy/im006)" in message
+    assert "1 removed (toy/im002 [recorded])" in message
+    assert "1 changed (toy/im001 [recorded])" in message
+    assert "sha256:" not in message  # no bare hashes
+    # a changed instance that has no record yet invalidates nothing either
+    fresh = tmp_path / "fresh"
+    first = _run(instances[:6], toy.toy_batch_fn, fresh, process_index=0, process_count=2)
+    assert 0 < first.ok < 6
+    recorded = latest_records(read_run_records(fresh))
+    other = next(i for i, instance in enumerate(instances[:6]) if instance.key not in recorded)
+    edited = list(instances[:6])
+    edited[other] = toy.poison(edited[other])
+    again = _run(edited, toy.toy_batch_fn, fresh, process_index=0, process_count=2)
+    assert (again.skipped, again.ok) == (first.ok, 0)
 
 
 def test_processes_split_the_work(instances, reference, tmp_path):

@@ -17,6 +17,7 @@ sys.path.insert(0, str(TESTS))
 import runner_toy as toy  # noqa: E402
 
 from jaxseg_robust.runner.engine import run  # noqa: E402
+from jaxseg_robust.runner.inflight import KILLED_TWICE  # noqa: E402
 from jaxseg_robust.runner.records import latest_records, read_records, read_run_records  # noqa: E402
 
 COUNT, BATCH, SLEEP_S = 24, 2, 0.12
@@ -79,11 +80,14 @@ def test_sigkill_at_random_moments_loses_at_most_the_batch_in_flight(tmp_path):
         assert len(keys) == len(set(keys)), "an instance was recorded twice"
         assert set(survived) <= set(keys), "a completed instance was lost"
         assert len(keys) >= threshold, "records seen before the kill were lost"
-        for record in lines:
-            assert record == reference[(record["dataset"], record["id"])]
+        for record in lines:  # an instance in flight at two kills may be recorded as killed twice (runner.inflight)
+            assert record == reference[(record["dataset"], record["id"])] or record["error"] == KILLED_TWICE
         survived = dict(zip(keys, lines))
     assert killed_mid_run >= 2 and 0 < len(survived) < COUNT
-    summary = run(toy.toy_instances(COUNT), toy.toy_batch_fn, run_dir, BATCH, config=CONFIG, progress="none")
-    assert summary.skipped == len(survived) and summary.ok == COUNT - len(survived)
+    summary = run(toy.toy_instances(COUNT), toy.toy_batch_fn, run_dir, BATCH, config=CONFIG, progress="none",
+                  retry_failed=True)
+    survived_ok = sum(record["status"] == "ok" for record in survived.values())
+    assert summary.skipped == survived_ok and summary.ok == COUNT - survived_ok
     final = read_run_records(run_dir)
-    assert len(final) == COUNT and latest_records(final) == reference
+    killed_twice = sum(record["status"] == "failed" for record in survived.values())
+    assert len(final) == COUNT + killed_twice and latest_records(final) == reference

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -79,22 +80,39 @@ def test_lock_refuses_a_second_run_and_is_released(tmp_path):
     _open(tmp_path).close()
 
 
-def test_process_k_waits_for_the_manifest_of_process_0(tmp_path):
-    with pytest.raises(TimeoutError, match="process 0 writes it"):
-        _open(tmp_path / "a", process_index=1, manifest_wait_s=0.0)
-    result = {}
-
-    def follower():
-        with _open(tmp_path / "b", process_index=1, manifest_wait_s=30.0) as directory:
-            result["records"] = directory.records_path.name
-
-    thread = threading.Thread(target=follower)
-    thread.start()
-    _open(tmp_path / "b").close()
-    thread.join(timeout=30)
-    assert result["records"] == "records.process1.jsonl"
+def test_any_process_may_start_first_and_never_waits(tmp_path):
+    # process 1 of 2 arrives first: it creates the manifest itself (it used to wait 600 s for process 0)
+    started = time.monotonic()
+    with _open(tmp_path / "b", process_index=1, session={"who": 1}) as directory:
+        assert directory.records_path.name == "records.process1.jsonl"
+    assert time.monotonic() - started < 5
+    assert read_manifest(tmp_path / "b")["sessions"][0]["who"] == 1
+    _open(tmp_path / "b", session={"who": 0}).close()  # process 0 checks it and appends its session
+    assert [s["who"] for s in read_manifest(tmp_path / "b")["sessions"]] == [1, 0]
     with pytest.raises(ManifestMismatchError):
         _open(tmp_path / "b", process_index=1, config={"other": True})
+
+
+def test_processes_arriving_together_create_one_manifest(tmp_path):
+    errors, barrier = [], threading.Barrier(6)
+
+    def arrive(index):
+        try:
+            barrier.wait()
+            _open(tmp_path / "c", process_index=index, session={"who": index}).close()
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=arrive, args=(index,)) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors
+    manifest = read_manifest(tmp_path / "c")
+    assert manifest["config"] == {"protocol": "grid", "n": 3}
+    assert 1 <= len(manifest["sessions"]) <= 2  # the creator's, plus process 0's if it was not the creator
+    assert not list((tmp_path / "c").glob(".manifest.json.*"))  # no temporary file left behind
 
 
 def test_bad_config_and_paths(tmp_path):
@@ -183,3 +201,15 @@ def test_dataset_fingerprint_in_memory_and_refs():
                                                                           fingerprint="v2:r")])
     with pytest.raises(ValueError, match="^r: cannot fingerprint an InstanceRef"):
         dataset_fingerprint([InstanceRef("r", 2, 2, loader=lambda: one)])
+
+
+def test_an_older_run_directory_gains_per_instance_fingerprints_and_says_why_it_cannot_name_changes(tmp_path):
+    _open(tmp_path).close()  # as an older version wrote it: no "instances" section
+    assert "instances" not in read_manifest(tmp_path)
+    table = {("toy", "a"): "0" * 16, ("toy", "b"): "1" * 16}
+    _open(tmp_path, instance_fingerprints=table).close()
+    assert read_manifest(tmp_path)["instances"] == {"toy": {"a": "0" * 16, "b": "1" * 16}}
+    old = tmp_path / "old"
+    _open(old).close()
+    with pytest.raises(ManifestMismatchError, match="predates per-instance fingerprints"):
+        _open(old, fingerprints={"model": "sha256:aa", "dataset": "sha256:cc"}, instance_fingerprints=table)

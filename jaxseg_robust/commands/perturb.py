@@ -26,9 +26,11 @@ ALMA prox needs a model with >= 3 classes (its DLR constraint uses the
 top-3 logits), so it is refused for binary models.
 
 Images are attacked at their own size (no spatial padding, spec §10.5; one
-compilation per attack and image size); ``--max-side`` downsizes larger
-images first (Pillow bilinear, masks nearest), which changes the threat
-model to the downsized image.
+compilation per attack and image size); ``--max-side`` (default 2048, the
+size guard of every command, 0 = none) downsizes larger images first
+(Pillow bilinear, masks nearest), which changes the threat model to the
+downsized image; the record of such an instance says so (``"resized"``:
+original size, scale, how results map back).
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxseg_robust.cli import EXIT_FAILURE, EXIT_OK
-from jaxseg_robust.commands.prompt_common import add_process_arguments, start_processes
+from jaxseg_robust.commands.prompt_common import (
+    DEFAULT_MAX_SIDE,
+    MAX_SIDE_HELP,
+    CommandError,
+    add_process_arguments,
+    start_processes,
+)
 
 ATTACK_GROUPS = {
     "padam-ce": ("padam_ce",), "padam-cos": ("padam_cos",), "padam": ("padam_ce", "padam_cos"),
@@ -106,7 +114,8 @@ def register(subparsers) -> None:
     parser.add_argument("--alma-steps", type=int, default=500)
     parser.add_argument("--pdpgd-steps", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=1, help="instances per batch (default %(default)s)")
-    parser.add_argument("--max-side", type=int, default=None, help="downsize images whose longest side exceeds this")
+    parser.add_argument("--max-side", "--max_side", type=int, default=DEFAULT_MAX_SIDE, metavar="PX",
+                        help=MAX_SIDE_HELP)
     parser.add_argument("--limit", type=int, default=None, help="only the first N instances of each dataset")
     parser.add_argument("--seed", type=int, default=0, help="base PRNG seed of the random starts")
     parser.add_argument("--examples", type=int, default=4, help="instances whose images are saved for the report")
@@ -159,10 +168,10 @@ def _check_positive_ints(args) -> None:
     for flag in ("padam_steps", "sea_iterations", "dag_iterations", "alma_steps", "pdpgd_steps", "batch_size"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    for flag in ("max_side", "limit"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.max_side < 0:
+        raise ValueError(f"--max-side must be >= 0 (0: no size guard), got {args.max_side}")
     if args.examples < 0:
         raise ValueError(f"--examples must be >= 0, got {args.examples}")
     if args.sea_schedule == "progressive" and int(0.3 * args.sea_iterations) < 1:
@@ -228,38 +237,11 @@ def load_target(name_or_dir: str, *, random_init: bool = False, multimask_output
 
 # ---------------------------------------------------------------------------- the data
 
-def _resized_loader(ref, height: int, width: int):
-    from PIL import Image  # noqa: PLC0415
-
-    from jaxseg_robust.data.instances import make_instance  # noqa: PLC0415
-
-    def load():
-        instance = ref.load()
-        image = np.asarray(Image.fromarray(instance.image).resize((width, height), Image.BILINEAR))
-        gt = np.asarray(Image.fromarray((instance.gt.astype(np.int16) + 1).astype(np.uint8)).resize(
-            (width, height), Image.NEAREST)).astype(np.int8) - 1
-        return make_instance(instance.id, image, gt, dataset=instance.dataset, source_paths=instance.source_paths)
-
-    return load
-
-
 def cap_size(refs, max_side: int | None) -> list:
-    """Instances whose longest side exceeds ``max_side`` are downsized on load (aspect kept)."""
-    from jaxseg_robust.data.datasets import capped_size  # noqa: PLC0415
-    from jaxseg_robust.data.instances import InstanceRef  # noqa: PLC0415
+    """The size guard (`jaxseg_robust.data.datasets.guard_size`): larger instances are downsized on load."""
+    from jaxseg_robust.data.datasets import guard_size  # noqa: PLC0415
 
-    if max_side is None:
-        return list(refs)
-    out = []
-    for ref in refs:
-        height, width = ref.height, ref.width
-        if max(height, width) <= max_side:
-            out.append(ref)
-            continue
-        new_h, new_w = capped_size(height, width, max_side)
-        out.append(InstanceRef(ref.id, new_h, new_w, _resized_loader(ref, new_h, new_w), ref.dataset,
-                               tuple(getattr(ref, "source_paths", ())), f"max_side={max_side}"))
-    return out
+    return guard_size(refs, max_side)
 
 
 def list_instances(datasets: str, data_root, mask_rule: str, limit: int | None, on_bad_pair: str = "fail") -> list:
@@ -426,7 +408,8 @@ def run(args) -> int:
         if not instances:
             raise ValueError(f"no instances in --datasets {args.datasets}")
     except Exception as error:  # noqa: BLE001 - every setup problem is a bad-argument exit
-        _error(f"{type(error).__name__}: {error}" if not isinstance(error, ValueError) else str(error))
+        _error(f"{type(error).__name__}: {error}" if not isinstance(error, (ValueError, CommandError))
+               else str(error))
         return EXIT_FAILURE
 
     from jaxseg_robust.attacks.perturb.ensemble import BatteryConfig, build_battery  # noqa: PLC0415
@@ -457,7 +440,7 @@ def run(args) -> int:
                              allow_manifest_mismatch=args.allow_manifest_mismatch,
                              retry_failed=args.retry_failed, progress=args.progress,
                              process_index=process_index, process_count=process_count)
-    except (ValueError, RuntimeError) as error:
+    except (ValueError, RuntimeError, OSError) as error:
         _error(f"{type(error).__name__}: {error}")
         return EXIT_FAILURE
     print(summary.format())

@@ -12,7 +12,7 @@ underscores, e.g. ``--batch-size`` / ``--batch_size``):
 
   model     --model NAME_OR_DIR, --random-weights [SEED], --compute-dtype
   data      --datasets A,B,..., --data-root DIR, --folder IMAGES MASKS (repeatable),
-            --mask-rule, --mask-ignore, --tetris-max-side, --limit N
+            --mask-rule, --mask-ignore, --tetris-max-side, --limit N, --max-side PX (size guard)
   run       --out RUN_DIR, --batch-size, --frame, --progress, --retry-failed,
             --allow-manifest-mismatch, --abort-after
   processes --distributed, --process-index I --process-count N (`start_processes`)
@@ -50,10 +50,18 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 from jaxseg_robust.cli import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL
+from jaxseg_robust.data.datasets import DEFAULT_MAX_SIDE
 
 FRAME_HELP = ("padded frame of each batch: 'exact' (one compile per image size), 'round:N' (H and W "
               "rounded up to a multiple of N; fewer compiles, same numbers: SAM's post-processing runs "
               "on each image's own size inside the frame) or 'fixed:HxW' (default %(default)s)")
+MAX_SIDE_HELP = ("size guard: images whose longest side exceeds PX are downsized on load, aspect kept (Pillow "
+                 "bilinear; masks nearest), for every data source; memory grows ~550 bytes per pixel (a 4000x3000 "
+                 "image: 7.8 GB unguarded, 3.0 GB peak with the default %(default)s, 1.7 GB with 1024). "
+                 "A resized instance's record says so: "
+                 "\"resized\": original_size [H0, W0], size [h, w], scale; results are in the resized frame "
+                 "(x0 = (x + 0.5) * W0 / w - 0.5, masks resized back nearest). 0 = no guard. TETRIS: applied "
+                 "after the protocol's own cap (--tetris-max-side)")
 RANDOM_ONLY_HINT = "<none"  # zoo checkpoint hints of test models without official weights
 PROGRESS_CHOICES = ("auto", "tqdm", "plain", "none")
 
@@ -124,7 +132,7 @@ def add_model_arguments(parser) -> None:
 
 
 def add_dataset_arguments(parser) -> None:
-    """--datasets, --data-root, --folder, --mask-rule, --mask-ignore, --tetris-max-side, --limit."""
+    """--datasets, --data-root, --folder, --mask-rule, --mask-ignore, --tetris-max-side, --limit, --max-side."""
     group = parser.add_argument_group("data")
     group.add_argument("--datasets", default=None, metavar="A,B,...",
                        help="RITM-style benchmark folders under --data-root: grabcut, berkeley, davis, "
@@ -140,9 +148,12 @@ def add_dataset_arguments(parser) -> None:
     add_flag(group, "--mask-ignore", type=int, default=None, metavar="VALUE",
              help="--folder masks: pixel value marking ignored pixels (e.g. 128)")
     add_flag(group, "--tetris-max-side", type=non_negative_int, default=None, metavar="PX",
-             help="TETRIS: cap of the longest side (default 1024 as BREPS; 0 = original size)")
+             help="TETRIS dataset only: the protocol's cap of the longest side, applied when listing with "
+                  "OpenCV-exact bilinear resizing as the authors' loaders (default 1024 as BREPS, rclicks 2048 "
+                  "as RClicks; 0 = original size); --max-side still guards the result")
     group.add_argument("--limit", type=positive_int, default=None, metavar="N",
                        help="only the first N instances of each dataset")
+    add_flag(group, "--max-side", type=non_negative_int, default=DEFAULT_MAX_SIDE, metavar="PX", help=MAX_SIDE_HELP)
 
 
 def add_run_arguments(parser, *, default_batch_size: int, default_frame: str = "round:64") -> None:
@@ -177,8 +188,31 @@ def add_process_arguments(parser) -> None:
              help="number of independent jobs splitting the run (with --process-index)")
 
 
+def check_outputs(args) -> None:
+    """Checks ``--out`` is a writable run directory (or can be created as one) and ``--progress`` can be shown.
+
+    Runs before any model is loaded or anything computed; creates nothing.
+
+    Raises:
+      CommandError: naming the flag (an unwritable --out, --progress tqdm without tqdm).
+    """
+    from jaxseg_robust.runner.progress import check_progress_mode  # noqa: PLC0415
+    from jaxseg_robust.runner.rundir import check_writable_dir  # noqa: PLC0415
+
+    try:
+        if getattr(args, "out", None) is not None:
+            check_writable_dir(args.out, "--out")
+        if getattr(args, "progress", None) is not None:
+            check_progress_mode(args.progress)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+
+
 def start_processes(args) -> tuple[int | None, int | None]:
     """Checks the process flags and starts ``jax.distributed`` when asked; call before anything uses JAX.
+
+    Also checks ``--out`` and ``--progress`` (`check_outputs`), so every run
+    command refuses an unwritable run directory before it computes anything.
 
     Args:
       args: parsed flags with ``distributed``, ``process_index``, ``process_count``.
@@ -205,6 +239,7 @@ def start_processes(args) -> tuple[int | None, int | None]:
             jax.distributed.initialize()
         except (RuntimeError, ValueError) as error:
             raise CommandError(f"--distributed: jax.distributed.initialize() failed: {error}") from None
+    check_outputs(args)
     return index, count
 
 
@@ -388,7 +423,8 @@ def _refuse_folder_flags_without_folder(args) -> None:
 
 
 def load_instances(args) -> list:
-    """Lists every instance of ``--datasets`` and ``--folder`` (lazy `InstanceRef`s, ``--limit`` applied).
+    """Lists every instance of ``--datasets`` and ``--folder`` (lazy `InstanceRef`s, ``--limit`` and the
+    ``--max-side`` size guard applied: `jaxseg_robust.data.datasets.guard_size`).
 
     Listing problems become failing instances (``on_bad_pair="fail"``), each
     naming its file; they are recorded as failed by the run.
@@ -399,6 +435,7 @@ def load_instances(args) -> list:
     """
     from jaxseg_robust.data.datasets import (  # noqa: PLC0415
         DatasetWarning,
+        guard_size,
         list_dataset_folder,
         resolve_datasets,
     )
@@ -410,8 +447,14 @@ def load_instances(args) -> list:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always", DatasetWarning)
+            sources = resolve_datasets(args.datasets, args.data_root) if args.datasets else []
+            tetris_cap = getattr(args, "tetris_max_side", None)
+            if (tetris_cap is not None and tetris_cap != getattr(args, "tetris_max_side_default", None)
+                    and not any(source.kind == "tetris" for source in sources)):
+                raise CommandError("--tetris-max-side is the TETRIS dataset's protocol cap and no TETRIS dataset "
+                                   "is listed; the size guard of every image is --max-side")
             if args.datasets:
-                for source in resolve_datasets(args.datasets, args.data_root):
+                for source in sources:
                     options = {"name": source.name, "on_bad_pair": "fail"}
                     if source.kind == "tetris" and args.tetris_max_side is not None:
                         options["max_side"] = args.tetris_max_side
@@ -438,6 +481,7 @@ def load_instances(args) -> list:
     instances = []
     for _, refs in groups:
         instances.extend(refs if args.limit is None else refs[:args.limit])
+    instances = guard_size(instances, getattr(args, "max_side", DEFAULT_MAX_SIDE))
     if not instances:
         raise CommandError("the datasets hold no instances")
     return instances
@@ -473,7 +517,8 @@ def run_protocol(args, *, instances: Sequence, batch_fn: Callable, config: Mappi
                    retry_failed=args.retry_failed, abort_after_consecutive_failures=args.abort_after,
                    progress=args.progress)
     except ManifestMismatchError as error:
-        raise CommandError(f"{error}".replace("allow_mismatch=True", "--allow-manifest-mismatch")) from None
+        raise CommandError(f"{error}".replace("allow_mismatch=True (CLI: --allow-manifest-mismatch)",
+                                              "--allow-manifest-mismatch")) from None
     except (RunDirectoryBusyError, RunAbortedError) as error:
         raise CommandError(str(error)) from None
     except (ValueError, OSError) as error:

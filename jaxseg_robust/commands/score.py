@@ -36,6 +36,7 @@ from jaxseg_robust.data.masks_io import (
     read_mask_size,
 )
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, boundary_width, mask_scores
+from jaxseg_robust.runner.rundir import check_writable_file
 
 DEFAULT_EXAMPLE_DIR = "example_masks"
 BATCH_SIZE = 16  # pairs per jitted call ...
@@ -314,6 +315,8 @@ def run(args) -> int:
         gt_rule, pred_rule = parse_rule(args.gt_rule), parse_rule(args.pred_rule)
         boundary_width(1, 1, args.dilation_ratio)
         pairs, problems = match_files(gt_dir, pred_dir)
+        if out:
+            check_writable_file(out, "--out")  # before scoring: never compute scores that cannot be saved
     except ValueError as error:
         _error(str(error))
         return EXIT_FAILURE
@@ -331,6 +334,10 @@ def run(args) -> int:
         _error(f"nothing scored (no readable, same-size GT/prediction pairs in {gt_dir} and {pred_dir})")
         return EXIT_FAILURE
     if out:
-        write_csv(rows, out)
+        try:
+            write_csv(rows, out)
+        except OSError as error:
+            _error(f"cannot write --out {out}: {error.strerror or error} (the scores are printed above)")
+            return EXIT_FAILURE
         print(f"wrote {out}")
     return EXIT_PARTIAL if problems else EXIT_OK

@@ -16,7 +16,9 @@ weights are never baked into the compiled program as constants.
 What `run` does:
   1. opens (or creates) the run directory and checks its manifest
      (`jaxseg_robust.runner.rundir`): config, model and dataset fingerprints,
-     frame policy;
+     frame policy; a dataset that only gained instances (or changed ones
+     without a record) resumes, anything else is refused naming the
+     instances added, removed or changed;
   2. reads the records already there and skips every recorded instance
      (failed ones too, unless ``retry_failed``);
   3. buckets the rest by padded frame (``frame_policy``, default exact size);
@@ -48,7 +50,19 @@ Failure policy:
     and a fixed rerun picks up the failed instances with ``retry_failed=True``;
   * ``KeyboardInterrupt``, ``SystemExit`` and a kill stop the run at once:
     completed batches are on disk, the batch in flight is lost, and rerunning
-    the same command resumes.
+    the same command resumes;
+  * a kill (SIGKILL, e.g. out of memory) of the process is not left to loop:
+    each group's keys go to the in-flight journal (`jaxseg_robust.runner.inflight`)
+    before it is loaded and run; the next run runs the members of a group
+    that died with its process one at a time, and records an instance that
+    killed the process twice as failed ("killed the process twice (out of
+    memory?)") without running it again (``retry_failed`` retries it).
+
+Resized instances: a member with a ``resize_note`` mapping (e.g. a
+`jaxseg_robust.data.datasets.ResizedInstanceRef`, made by the size guard of every
+command)
+gets it as the record's ``"resized"`` field (original size, scale, how
+results map back).
 
 Multi-host runs (``jax.distributed``):
   Call ``jax.distributed.initialize()`` in every process, then the same `run`
@@ -56,7 +70,8 @@ Multi-host runs (``jax.distributed``):
   hosts share. Each process builds its mesh over its own
   ``jax.local_devices()`` and evaluates only the instances it owns (a stable
   hash of the key, `process_owns`), so hosts never synchronise and a slow or
-  failing host delays only its share. Process 0 writes the manifest; process k
+  failing host delays only its share. Whichever process starts first writes the
+manifest (the others check it; none waits); process k
   appends to ``records.process<k>.jsonl``; resuming reads every records file,
   so a rerun with a different number of hosts skips whatever any host
   finished. ``process_index`` / ``process_count`` default to
@@ -92,8 +107,9 @@ from jaxseg_robust.data.instances import (
     validate_instance,
     validate_key,
 )
-from jaxseg_robust.runner.fingerprints import dataset_fingerprint
-from jaxseg_robust.runner.progress import make_progress
+from jaxseg_robust.runner.fingerprints import fingerprints_of
+from jaxseg_robust.runner.inflight import KILLED_TWICE, InflightJournal
+from jaxseg_robust.runner.progress import check_progress_mode, make_progress
 from jaxseg_robust.runner.records import (
     STATUS_FAILED,
     STATUS_OK,
@@ -245,7 +261,15 @@ def _evaluate_group(group, frame: Frame, slots: int, batch_fn, mesh, finalize, c
             except Exception as error:  # noqa: BLE001
                 records[instance.key] = _failed_record(instance.key, error)
                 compute_failures += 1
-    return [records[member.key] for member in group], compute_failures
+    return [_noted(records[member.key], member) for member in group], compute_failures
+
+
+def _noted(record: dict, member: AnyInstance) -> dict:
+    """``record`` with the member's ``resize_note`` (if any) as its ``"resized"`` field."""
+    note = getattr(member, "resize_note", None)
+    if note:
+        record["resized"] = dict(note)
+    return record
 
 
 @dataclasses.dataclass
@@ -266,6 +290,14 @@ class _Tally:
                           for r in records if r["status"] == STATUS_FAILED]
         self.streak = 0 if batch_ok else self.streak + compute_failures
         return batch_ok, len(records) - batch_ok
+
+
+def _split_suspects(members: Sequence[AnyInstance], kills: Mapping) -> tuple[list, list, list]:
+    """(members to batch as usual, members killed once: run alone, members killed twice: recorded as failed)."""
+    clean = [member for member in members if not kills.get(member.key)]
+    singles = [member for member in members if kills.get(member.key) == 1]
+    doomed = [member for member in members if kills.get(member.key, 0) >= 2]
+    return clean, singles, doomed
 
 
 def _check_keys(instances: Sequence[AnyInstance]) -> None:
@@ -343,6 +375,7 @@ def run(
     instances = list(instances)
     _check_keys(instances)
     _positive_int_or_none("abort_after_consecutive_failures", abort_after_consecutive_failures)
+    check_progress_mode(progress)
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
     if not 0 <= process_index < process_count:
@@ -350,7 +383,8 @@ def run(
     mesh = data_mesh() if mesh is None else mesh
     slots = padded_batch_size(batch_size, mesh)
     devices = list(mesh.devices.flat)
-    fingerprints = {"model": model_fingerprint, "dataset": dataset_fingerprint(instances, dataset_fingerprint_mode)}
+    dataset_hash, per_instance = fingerprints_of(instances, dataset_fingerprint_mode)
+    fingerprints = {"model": model_fingerprint, "dataset": dataset_hash}
     engine = {"frame_policy": policy_description(frame_policy), "dataset_fingerprint_mode": dataset_fingerprint_mode}
     session = {
         "batch_size": batch_size, "padded_batch_size": slots, "devices": len(devices),
@@ -358,8 +392,11 @@ def run(
         "process_index": process_index, "process_count": process_count, "retry_failed": retry_failed,
     }
     with open_run_dir(run_dir, config=config, fingerprints=fingerprints, engine=engine, session=session,
-                      allow_mismatch=allow_manifest_mismatch, process_index=process_index) as directory:
+                      allow_mismatch=allow_manifest_mismatch, process_index=process_index,
+                      instance_fingerprints=per_instance) as directory, \
+            InflightJournal(directory.path, process_index) as journal:
         latest = latest_records(read_run_records(directory.path))
+        kills = journal.open(latest)
         skip = done_keys(latest, include_failed=not retry_failed)
         owned = [i for i in instances if process_owns(i.key, process_index, process_count)]
         todo = [i for i in owned if i.key not in skip]
@@ -374,10 +411,21 @@ def run(
                 writer.write_batch(rejected_records)
                 bar.update(*tally.add(rejected_records, 0))
                 for bucket in buckets:
-                    for group in chunks(bucket.members, slots):
-                        records, compute_failures = _evaluate_group(
-                            group, bucket.frame, slots, batch_fn, mesh, finalize, check)
-                        writer.write_batch(records)
+                    members, singles, doomed = _split_suspects(bucket.members, kills)
+                    doomed_records = [_noted(make_record(member.key, STATUS_FAILED, error=KILLED_TWICE), member)
+                                      for member in doomed]
+                    writer.write_batch(doomed_records)
+                    bar.update(*tally.add(doomed_records, 0))
+                    for group in [*chunks(members, slots), *([member] for member in singles)]:
+                        journal.start([member.key for member in group])
+                        try:
+                            records, compute_failures = _evaluate_group(
+                                group, bucket.frame, slots, batch_fn, mesh, finalize, check)
+                            writer.write_batch(records)
+                        except BaseException:
+                            journal.release()
+                            raise
+                        journal.finish()
                         bar.update(*tally.add(records, compute_failures))
                         limit = abort_after_consecutive_failures
                         if limit is not None and tally.streak >= limit:

@@ -12,7 +12,7 @@ Model:
     or a directory such as an orbax checkpoint: relative paths and contents
     of every file, in sorted order).
 
-Dataset (`dataset_fingerprint`), computed from the instance list, in key
+Dataset (`dataset_fingerprint`; per instance: `instance_fingerprints`), computed from the instance list, in key
 order, so the order instances are given in does not matter. For each
 instance: its key (dataset, id) and (declared) size (H, W), then its content
 as one of:
@@ -129,6 +129,25 @@ def _instance_token(instance: AnyInstance, mode: str) -> str:
     )
 
 
+def _entries(instances: Iterable[AnyInstance], mode: str) -> list[tuple]:
+    if mode not in DATASET_FINGERPRINT_MODES:
+        raise ValueError(f"mode must be one of {DATASET_FINGERPRINT_MODES}, got {mode!r}")
+    return sorted((instance.key, instance.size, _instance_token(instance, mode)) for instance in instances)
+
+
+def _entry_line(entry) -> str:
+    (dataset, instance_id), (height, width), token = entry
+    return f"{dataset}\x00{instance_id}\x00{height}x{width}\x00{token}\n"
+
+
+def _dataset_hash(entries: list[tuple], mode: str) -> str:
+    hasher = hashlib.sha256()
+    hasher.update(f"mode={mode}|count={len(entries)}\n".encode())
+    for entry in entries:
+        hasher.update(_entry_line(entry).encode())
+    return _hex(hasher)
+
+
 def dataset_fingerprint(instances: Iterable[AnyInstance], mode: str = "stat") -> str:
     """SHA-256 fingerprint of an instance list (see the module docstring for what it covers).
 
@@ -143,13 +162,24 @@ def dataset_fingerprint(instances: Iterable[AnyInstance], mode: str = "stat") ->
       ValueError: unknown ``mode``, or an `InstanceRef` without source paths
         or fingerprint token (named).
     """
-    if mode not in DATASET_FINGERPRINT_MODES:
-        raise ValueError(f"mode must be one of {DATASET_FINGERPRINT_MODES}, got {mode!r}")
-    entries = sorted(
-        (instance.key, instance.size, _instance_token(instance, mode)) for instance in instances
-    )
-    hasher = hashlib.sha256()
-    hasher.update(f"mode={mode}|count={len(entries)}\n".encode())
-    for (dataset, instance_id), (height, width), token in entries:
-        hasher.update(f"{dataset}\x00{instance_id}\x00{height}x{width}\x00{token}\n".encode())
-    return _hex(hasher)
+    return _dataset_hash(_entries(instances, mode), mode)
+
+
+def instance_fingerprints(instances: Iterable[AnyInstance], mode: str = "stat") -> dict[tuple[str, str], str]:
+    """Per-instance fingerprints: ``{(dataset, id): 16 hex digits}`` of what `dataset_fingerprint` hashes.
+
+    Each covers the instance's key, declared size and content token, so a
+    resumed run can say which instances were added, removed or changed.
+
+    Raises:
+      ValueError: as `dataset_fingerprint`.
+    """
+    return {entry[0]: hashlib.sha256(_entry_line(entry).encode()).hexdigest()[:16]
+            for entry in _entries(instances, mode)}
+
+
+def fingerprints_of(instances: Iterable[AnyInstance], mode: str = "stat") -> tuple[str, dict[tuple[str, str], str]]:
+    """``(dataset_fingerprint, instance_fingerprints)`` from one pass over the files."""
+    entries = _entries(instances, mode)
+    return _dataset_hash(entries, mode), {
+        entry[0]: hashlib.sha256(_entry_line(entry).encode()).hexdigest()[:16] for entry in entries}

@@ -89,6 +89,23 @@ class NoProgress:
         """Does nothing."""
 
 
+def check_progress_mode(mode: str) -> None:
+    """Checks a progress mode before a run starts (so a missing tqdm stops nothing half-way).
+
+    Raises:
+      ValueError: unknown ``mode``, or ``"tqdm"`` without tqdm installed (the
+        message says what to do).
+    """
+    if mode not in PROGRESS_MODES:
+        raise ValueError(f"progress mode must be one of {PROGRESS_MODES}, got {mode!r}")
+    if mode == "tqdm":
+        try:
+            import tqdm  # noqa: F401, PLC0415 - optional dependency
+        except ImportError:
+            raise ValueError("--progress tqdm needs the tqdm package (pip install tqdm); "
+                             "use --progress auto or plain") from None
+
+
 def make_progress(total: int, mode: str = "auto", desc: str = "run", stream=None):
     """A progress display for ``total`` instances.
 

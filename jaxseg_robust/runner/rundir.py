@@ -25,14 +25,23 @@ and the new value, unless ``allow_mismatch`` is set (then the differences are
 logged in the new session entry and the run resumes). Changed package versions
 only warn (`RuntimeWarning`): they are recorded per session.
 
-Only process 0 writes the manifest; other processes wait for it to appear and
-check it. The lock (``fcntl.flock``, released by the kernel even on SIGKILL)
-stops two runs of the same process index from appending to one records file
-at once; it is advisory and may not work on every network file system.
+``instances`` (optional) holds one short fingerprint per instance
+(``{"dataset": {"id": "<16 hex>"}}``), so a changed dataset is explained
+instance by instance (added, removed, changed, and which of those already
+have records); a dataset that only grew resumes without an override.
+
+Whichever process arrives first creates the manifest (atomically: nobody
+waits for anybody, and array jobs may start in any order); the others check
+it, and only process 0 appends session entries to an existing one.
+
+The lock (``fcntl.flock``, released by the kernel even on SIGKILL) stops two
+runs of the same process index from appending to one records file at once;
+it is advisory and may not work on every network file system.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.metadata
 import json
@@ -41,11 +50,11 @@ import pathlib
 import platform
 import socket
 import sys
-import time
+import uuid
 import warnings
 from collections.abc import Mapping
 
-from jaxseg_robust.runner.records import to_jsonable
+from jaxseg_robust.runner.records import latest_records, read_run_records, to_jsonable
 
 try:
     import fcntl
@@ -75,6 +84,64 @@ def process_suffix(process_index: int) -> str:
 def records_path(run_dir, process_index: int = 0) -> pathlib.Path:
     """Path of the records file process ``process_index`` appends to."""
     return pathlib.Path(run_dir) / f"records{process_suffix(process_index)}.jsonl"
+
+
+def _probe(directory: pathlib.Path) -> None:
+    """Creates and removes a file in ``directory`` (raises OSError when that is impossible)."""
+    probe = directory / f".write_probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    with open(probe, "w", encoding="utf-8"):
+        pass
+    probe.unlink()
+
+
+def check_writable_dir(path, what: str = "directory") -> pathlib.Path:
+    """Checks that ``path`` is, or can be created as, a directory files can be written to; creates nothing.
+
+    Call it before any compute, so a run never computes results it cannot
+    save. A missing ``path`` is checked at its nearest existing ancestor.
+
+    Args:
+      path: the directory.
+      what: how messages name it (e.g. ``"--out"``).
+
+    Returns:
+      ``path`` as a `pathlib.Path`.
+
+    Raises:
+      ValueError: naming ``what`` and the path, when it (or an ancestor) is not
+        a directory, or no file can be created there.
+    """
+    path = pathlib.Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        blocker = "it" if existing == path else str(existing)
+        raise ValueError(f"{what} {path} cannot be a directory: {blocker} exists and is not a directory")
+    try:
+        _probe(existing)
+    except OSError as error:
+        where = "" if existing == path else f" (in {existing})"
+        raise ValueError(f"{what} {path} is not writable{where}: {error.strerror or error}") from None
+    return path
+
+
+def check_writable_file(path, what: str = "output file") -> pathlib.Path:
+    """Checks that ``path`` can be written (its folder may be missing); creates nothing.
+
+    Raises:
+      ValueError: naming ``what`` and the path, when it is a directory or its folder is not writable.
+    """
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a directory")
+    try:
+        check_writable_dir(path.parent, "folder")
+    except ValueError as error:
+        raise ValueError(f"{what} {path}: {error}") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{what} {path} is not writable")
+    return path
 
 
 def package_versions() -> dict[str, str]:
@@ -144,7 +211,7 @@ def manifest_differences(recorded: Mapping, current: Mapping) -> list[str]:
 def write_json_atomic(path, obj) -> None:
     """Writes ``obj`` as JSON to ``path`` via a temporary file, fsync and rename (never half-written)."""
     path = pathlib.Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     with open(temporary, "w", encoding="utf-8") as handle:
         json.dump(obj, handle, indent=2, sort_keys=True, allow_nan=True)
         handle.write("\n")
@@ -247,16 +314,125 @@ def _check_versions(manifest: Mapping, path: pathlib.Path) -> None:
         )
 
 
-def _check_or_raise(recorded: Mapping, current: Mapping, path: pathlib.Path, allow_mismatch: bool) -> list[str]:
+def _instance_table(instance_fingerprints) -> dict[str, dict[str, str]]:
+    """``{(dataset, id): fp}`` -> the manifest's ``{"dataset": {"id": fp}}`` (sorted, one JSON line per instance)."""
+    table: dict[str, dict[str, str]] = {}
+    for (dataset, instance_id), fingerprint in sorted(instance_fingerprints.items()):
+        table.setdefault(dataset, {})[instance_id] = fingerprint
+    return table
+
+
+def _instance_keys(table: Mapping) -> dict[tuple[str, str], str]:
+    return {(dataset, instance_id): fingerprint
+            for dataset, members in table.items() for instance_id, fingerprint in members.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetChanges:
+    """How the instance list differs from the recorded one (keys ``(dataset, id)``, sorted).
+
+    Attributes:
+      added: instances new in this run.
+      removed: recorded instances no longer given.
+      changed: instances whose fingerprint (declared size, file sizes or
+        contents, see `fingerprints`) changed.
+      invalidated: the removed or changed instances that already have a record
+        (their results no longer describe the given data).
+    """
+
+    added: tuple = ()
+    removed: tuple = ()
+    changed: tuple = ()
+    invalidated: tuple = ()
+
+    def describe(self, shown: int = 10) -> str:
+        """``"2 added (a/x, a/y); 1 changed (a/z, recorded)"``."""
+        parts = []
+        for label, keys in (("added", self.added), ("removed", self.removed), ("changed", self.changed)):
+            if keys:
+                names = [f"{d}/{i}" + (" [recorded]" if (d, i) in self.invalidated else "") for d, i in keys[:shown]]
+                more = f", ... {len(keys) - shown} more" if len(keys) > shown else ""
+                parts.append(f"{len(keys)} {label} ({', '.join(names)}{more})")
+        return "; ".join(parts) or "no instance differs"
+
+
+def dataset_changes(recorded_table: Mapping, instance_fingerprints: Mapping, recorded_keys) -> DatasetChanges:
+    """Compares the manifest's per-instance fingerprints with the current ones.
+
+    Args:
+      recorded_table: the manifest's ``instances`` section (``{"dataset": {"id": fp}}``).
+      instance_fingerprints: ``{(dataset, id): fp}`` of this run (`instance_fingerprints`).
+      recorded_keys: keys that have a record in the run directory.
+    """
+    before = _instance_keys(recorded_table)
+    after = dict(instance_fingerprints)
+    added = tuple(sorted(set(after) - set(before)))
+    removed = tuple(sorted(set(before) - set(after)))
+    changed = tuple(sorted(key for key in set(before) & set(after) if before[key] != after[key]))
+    recorded_keys = set(recorded_keys)
+    invalidated = tuple(key for key in sorted(removed + changed) if key in recorded_keys)
+    return DatasetChanges(added, removed, changed, invalidated)
+
+
+def _only_dataset_differs(recorded: Mapping, current: Mapping) -> bool:
+    without = [dict(m, fingerprints={k: v for k, v in (m.get("fingerprints") or {}).items() if k != "dataset"})
+               for m in (recorded, current)]
+    return not manifest_differences(*without)
+
+
+def _check_or_raise(recorded: Mapping, current: Mapping, path: pathlib.Path, allow_mismatch: bool,
+                    instance_fingerprints: Mapping | None = None) -> tuple[list[str], bool]:
+    """Returns (the overridden differences, whether the manifest's dataset should be updated)."""
     differences = manifest_differences(recorded, current)
-    if differences and not allow_mismatch:
+    if not differences:
+        return [], False
+    dataset_note = ""
+    if instance_fingerprints is not None and "fingerprints.dataset" in " ".join(differences):
+        if "instances" in recorded:
+            latest = latest_records(read_run_records(path))
+            changes = dataset_changes(recorded["instances"], instance_fingerprints, latest)
+            if not changes.invalidated and _only_dataset_differs(recorded, current):
+                return [], True  # only unrecorded instances were added or changed: no result is invalidated
+            differences = [d if not d.startswith("fingerprints.dataset") else
+                           f"fingerprints.dataset: the instances differ: {changes.describe()}" for d in differences]
+            if changes.invalidated:
+                dataset_note = (f"\n{len(changes.invalidated)} instance(s) marked [recorded] already have results "
+                                "that no longer describe the given data.")
+        else:
+            dataset_note = ("\n(this run directory predates per-instance fingerprints, so the instances that "
+                            "differ cannot be named)")
+    if not allow_mismatch:
         listing = "\n  ".join(differences)
         raise ManifestMismatchError(
-            f"{path / MANIFEST_NAME} does not match this run:\n  {listing}\n"
+            f"{path / MANIFEST_NAME} does not match this run:\n  {listing}{dataset_note}\n"
             "Use a new run directory, or resume anyway with allow_mismatch=True "
             "(CLI: --allow-manifest-mismatch); the overridden differences are logged in the manifest."
         )
-    return differences
+    return differences, False
+
+
+def _create_exclusive(path: pathlib.Path, obj) -> bool:
+    """Writes ``obj`` as JSON to ``path`` only if ``path`` does not exist, atomically; False if it existed.
+
+    The content goes to a temporary file first (fsynced), which is then hard-linked to ``path``: the link
+    fails if ``path`` exists, so of several processes arriving together exactly one creates it and nobody
+    ever reads a half-written manifest. File systems without hard links fall back to a checked rename.
+    """
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.create")
+    write_json_atomic(temporary, obj)
+    try:
+        os.link(temporary, path)
+        created = True
+    except FileExistsError:
+        created = False
+    except OSError:  # pragma: no cover - no hard links here: a rename after a check (a narrow race)
+        created = not path.exists()
+        if created:
+            os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+    return created
 
 
 def open_run_dir(
@@ -268,20 +444,27 @@ def open_run_dir(
     session: Mapping | None = None,
     allow_mismatch: bool = False,
     process_index: int = 0,
-    manifest_wait_s: float = 600.0,
+    instance_fingerprints: Mapping | None = None,
 ) -> RunDirectory:
-    """Creates or reopens a run directory and locks it for this process.
+    """Creates or reopens a run directory, checks its manifest and takes the lock of ``process_index``.
+
+    Any process may arrive first: the first one to find no manifest creates it
+    atomically (`_create_exclusive`), whichever its index; every other one
+    checks it against its own. Process 0 appends a session entry to an
+    existing manifest (other processes never rewrite it, so no update is lost).
 
     Args:
-      path: the run directory (created with parents if missing).
-      config, fingerprints, engine: the compared manifest sections (see
-        `build_manifest`).
-      session: extra facts about this start recorded in its session entry
-        (batch size, devices, ...), not compared.
-      allow_mismatch: resume even if the compared sections differ (the
-        differences are logged in the session entry).
-      process_index: this process's index; only process 0 writes the manifest.
-      manifest_wait_s: how long a process > 0 waits for process 0's manifest.
+      path: the run directory (created if missing).
+      config, fingerprints, engine: the compared sections (see `build_manifest`).
+      session: extra facts for this session's entry (batch size, devices, ...).
+      allow_mismatch: resume even if the compared sections differ (logged).
+      process_index: this process's index (multi-process runs).
+      instance_fingerprints: ``{(dataset, id): fingerprint}`` of the instances
+        (`jaxseg_robust.runner.fingerprints.instance_fingerprints`), stored in
+        the manifest's ``instances`` section. With them a changed dataset
+        fingerprint is explained instance by instance, and a dataset that only
+        gained instances (or changed ones without a record) resumes without
+        ``allow_mismatch``; process 0 then records the new instance list.
 
     Returns:
       The locked `RunDirectory`.
@@ -289,7 +472,6 @@ def open_run_dir(
     Raises:
       ManifestMismatchError: the directory holds a different run (unless ``allow_mismatch``).
       RunDirectoryBusyError: another run holds the lock for ``process_index``.
-      TimeoutError: a process > 0 found no manifest within ``manifest_wait_s``.
       ValueError: the path exists and is not a directory, or the manifest is corrupt.
     """
     path = pathlib.Path(path)
@@ -297,26 +479,26 @@ def open_run_dir(
         raise ValueError(f"run directory {path} exists and is not a directory")
     path.mkdir(parents=True, exist_ok=True)
     current = build_manifest(config, fingerprints, engine)
+    table = None if instance_fingerprints is None else _instance_table(instance_fingerprints)
     lock_handle = _acquire_lock(path, process_index)
     try:
         manifest_file = path / MANIFEST_NAME
-        if process_index != 0:
-            deadline = time.monotonic() + manifest_wait_s
-            while not manifest_file.exists():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{manifest_file} did not appear within {manifest_wait_s} s (process 0 writes it)")
-                time.sleep(0.5)
-            manifest = read_manifest(path)
-            _check_or_raise(manifest, current, path, allow_mismatch)
-            return RunDirectory(path, manifest, process_index, lock_handle)
-        if manifest_file.exists():
-            manifest = read_manifest(path)
-            overridden = _check_or_raise(manifest, current, path, allow_mismatch)
+        fresh = dict(current, created=_utc_now(), sessions=[_session_entry(session or {}, [])])
+        if table is not None:
+            fresh["instances"] = table
+        if _create_exclusive(manifest_file, fresh):
+            return RunDirectory(path, fresh, process_index, lock_handle)
+        manifest = read_manifest(path)
+        overridden, update_dataset = _check_or_raise(manifest, current, path, allow_mismatch, instance_fingerprints)
+        if process_index == 0:
             _check_versions(manifest, path)
+            if update_dataset:
+                manifest["fingerprints"] = dict(manifest["fingerprints"], dataset=current["fingerprints"]["dataset"])
+                manifest["instances"] = table
+            elif table is not None and "instances" not in manifest and not overridden:
+                manifest["instances"] = table  # a run directory of an older version gains the table
             manifest.setdefault("sessions", []).append(_session_entry(session or {}, overridden))
-        else:
-            manifest = dict(current, created=_utc_now(), sessions=[_session_entry(session or {}, [])])
-        write_json_atomic(manifest_file, manifest)
+            write_json_atomic(manifest_file, manifest)
         return RunDirectory(path, manifest, process_index, lock_handle)
     except BaseException:
         lock_handle.close()

@@ -1,0 +1,107 @@
+"""The exit-code contract of every command: user errors and internal errors exit 2 in one line, before any
+compute where possible; Ctrl-C (and SIGTERM) exit 130 in one line; never a traceback, never 1 for a crash."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+
+from cli_helpers import folder_flags, make_folder, run_cli
+from jaxseg_robust import cli
+from jaxseg_robust.commands import grid as grid_command
+from jaxseg_robust.commands import perturb as perturb_command
+from jaxseg_robust.commands import score as score_command
+
+UNWRITABLE = "/proc/jaxseg_robust_no_such_dir"
+
+
+def _fail_if_called(*args, **kwargs):
+    raise AssertionError("computed before the output path was checked")
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_score_checks_out_before_scoring(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(score_command, "score_buckets", _fail_if_called)
+    code, _, err = run_cli(["score", "--example", str(tmp_path / "ex"), "--out", f"{UNWRITABLE}/s.csv"], capsys)
+    assert code == cli.EXIT_FAILURE
+    line = _one_line(err)
+    assert line.startswith("jaxseg-robust score: error: --out /proc/") and "not writable" in line
+
+
+def test_perturb_checks_out_before_loading_the_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(perturb_command, "load_target", _fail_if_called)
+    code, _, err = run_cli(["perturb", "--model", "sam_tiny", "--random-init", "--datasets", str(tmp_path),
+                            "--out", f"{UNWRITABLE}/p"], capsys)
+    assert code == cli.EXIT_FAILURE
+    line = _one_line(err)
+    assert line.startswith("jaxseg-robust perturb: error: --out /proc/") and "not writable" in line
+
+
+@pytest.mark.parametrize("command", ["grid", "tetris", "breps", "rclicks"])
+def test_run_commands_check_out_and_progress_before_anything(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # tqdm not installed
+    folder = make_folder(tmp_path, bad=False)
+    extra = {"grid": ["--kind", "box"], "rclicks": ["--clickability", "dt"]}.get(command, [])
+    base = [command, *extra, "--model", "sam_tiny", *folder_flags(folder)]
+    code, _, err = run_cli([*base, "--out", f"{UNWRITABLE}/run"], capsys)
+    assert code == cli.EXIT_FAILURE and "--out /proc/" in _one_line(err)
+    out = tmp_path / "run"
+    code, _, err = run_cli([*base, "--out", str(out), "--progress", "tqdm"], capsys)
+    assert code == cli.EXIT_FAILURE
+    assert "--progress tqdm needs the tqdm package" in _one_line(err)
+    assert not out.exists()  # refused before the manifest was written
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def _terminate(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)  # what a batch scheduler sends before its kill
+    raise AssertionError("SIGTERM did not stop the command")
+
+
+@pytest.mark.parametrize("stop", [_interrupt, _terminate])
+@pytest.mark.parametrize("command", ["score", "grid", "perturb"])
+def test_ctrl_c_exits_130_in_one_line(tmp_path, capsys, monkeypatch, command, stop):
+    folder = make_folder(tmp_path, bad=False)
+    if command == "score":
+        monkeypatch.setattr(score_command, "score_buckets", stop)
+        argv = ["score", "--example", str(tmp_path / "ex")]
+    elif command == "grid":
+        monkeypatch.setattr(grid_command, "run_protocol", stop)
+        argv = ["grid", "--kind", "box", "--model", "sam_tiny", *folder_flags(folder), "--out", str(tmp_path / "r")]
+    else:
+        monkeypatch.setattr(perturb_command, "load_target", stop)
+        argv = ["perturb", "--model", "sam_tiny", "--random-init", "--datasets", str(folder),
+                "--out", str(tmp_path / "p")]
+    before = signal.getsignal(signal.SIGTERM)
+    code, _, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_INTERRUPTED == 130
+    assert _one_line(err) == f"jaxseg-robust {command}: interrupted; rerun the same command to resume"
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is restored
+
+
+def test_an_internal_error_exits_2_in_one_line_and_shows_the_traceback_on_request(tmp_path, capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(score_command, "score_buckets", broken)
+    argv = ["score", "--example", str(tmp_path / "ex")]
+    code, _, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_FAILURE
+    assert _one_line(err) == ("jaxseg-robust score: internal error: RuntimeError: boom "
+                              f"(rerun with {cli.TRACEBACK_ENV_VAR}=1 for the traceback)")
+    monkeypatch.setenv(cli.TRACEBACK_ENV_VAR, "1")
+    code, _, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_FAILURE
+    assert "Traceback" in err and err.rstrip().endswith("internal error: RuntimeError: boom")
