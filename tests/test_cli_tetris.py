@@ -91,10 +91,15 @@ def test_summary_table_matches_the_records(first_run):
     assert float(cells[3]) == pytest.approx(100 * scores["min"]["iou_auc"], abs=0.006)
     assert float(cells[4]) == pytest.approx(100 * scores["max"]["iou_auc"], abs=0.006)
     assert float(cells[5]) == pytest.approx(100 * (scores["max"]["iou_auc"] - scores["min"]["iou_auc"]), abs=0.011)
-    assert float(cells[11]) == pytest.approx(base["noc@85"], abs=0.006)
-    assert float(cells[13]) == base["nof@85"]
     header = next(line for line in stdout.splitlines() if line.startswith("| dataset |"))
+    by_header = dict(zip([h.strip() for h in header.strip("|").split("|")], cells))
+    noc = trajectory_scores([r["payload"]["baseline"] for r in records], num_clicks=BASELINE_CLICKS,
+                            noc_thresholds=(0.8, 0.85, 0.9))
+    for label in ("80", "85", "90"):
+        assert float(by_header[f"NoC@{label}"]) == pytest.approx(noc[f"noc@{label}"], abs=0.006)
+    assert float(by_header[f">={BASELINE_CLICKS}@85"]) == base["nof@85"]
     assert f"IoU-AuC@{CLICKS} Min" in header and "NoC@90" in header and f">={BASELINE_CLICKS}@90" in header
+    assert header.index("NoC@80") < header.index("NoC@85") < header.index("NoC@90")
     with open(out / "summary.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert rows[0]["dataset"] == "toy" and rows[0]["auc_clicks"] == str(CLICKS)

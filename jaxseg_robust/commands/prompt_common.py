@@ -62,6 +62,17 @@ class CommandError(Exception):
     """A problem the user must fix (bad flag value, missing data or model); printed without traceback."""
 
 
+DEVICE_EPILOG = """\
+device: JAX picks the accelerator if one is installed; choose with the environment variable
+JAX_PLATFORMS=cpu|cuda|tpu (e.g. JAX_PLATFORMS=cpu jaxseg-robust ...); a batch is sharded over
+all local devices of that platform."""
+
+
+def startup_line(text: str, stream=None) -> None:
+    """Prints a start-up step (``loading sam_vit_b ...``, ``compiling ...``) to stderr, flushed."""
+    print(text, file=sys.stderr if stream is None else stream, flush=True)
+
+
 # ---- flags -------------------------------------------------------------------------------
 
 def flag_spellings(name: str) -> list[str]:
