@@ -32,8 +32,6 @@ import dataclasses
 import math
 import pathlib
 
-import numpy as np
-
 from jaxseg_robust.commands.prompt_common import (
     DEVICE_EPILOG,
     CommandError,
@@ -295,18 +293,12 @@ def finalize_payload(run_dir, clicks: int, process_index: int = 0):
     (`jaxseg_robust.reports.artifacts`). The payload is what it was before
     these outputs existed, so records stay comparable across versions and resumes.
     """
-    from jaxseg_robust.reports.artifacts import append_timing, timing_line, write_mask  # noqa: PLC0415
+    from jaxseg_robust.reports.artifacts import append_timing, store_masks, timing_line  # noqa: PLC0415
 
     def finalize(instance, outputs) -> dict:
         payload = dict(outputs)
         timing = payload.pop(TIMING_KEY, None)
-        height, width = (int(v) for v in instance.size)
-        for name in list(payload):
-            part = payload[name]
-            if isinstance(part, dict) and "mask" in part:
-                part = dict(part)
-                write_mask(run_dir, instance.key, name, np.asarray(part.pop("mask"))[:height, :width])
-                payload[name] = part
+        payload = store_masks(run_dir, instance, payload)
         if timing is not None:
             append_timing(run_dir, timing_line(instance.key, float(timing["batch_seconds"]),
                                                int(timing["batch_instances"]), clicks), process_index)

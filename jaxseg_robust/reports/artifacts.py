@@ -94,6 +94,31 @@ def read_mask(run_dir, key: tuple[str, str], name: str, size: tuple[int, int] | 
     return mask
 
 
+def store_masks(run_dir, instance, outputs: Mapping, top_level: str | None = None) -> dict:
+    """Moves predicted masks out of one instance's outputs into `write_mask` files; returns the rest.
+
+    Args:
+      run_dir: the run directory.
+      instance: the loaded instance (``key``, ``size`` (H, W)).
+      outputs: its slot of the batch outputs; every sub-mapping ``outputs[name]`` with a
+        ``"mask"`` [Hf, Wf] entry gives the file ``<id>.<name>.png``.
+      top_level: the name of a top-level ``outputs["mask"]`` (a single-trajectory protocol), or None.
+
+    Returns:
+      ``outputs`` without the masks (each mask cropped to the instance's size and written).
+    """
+    height, width = (int(v) for v in instance.size)
+    payload = dict(outputs)
+    if top_level is not None and "mask" in payload:
+        write_mask(run_dir, instance.key, top_level, np.asarray(payload.pop("mask"))[:height, :width])
+    for name, part in list(payload.items()):
+        if isinstance(part, Mapping) and "mask" in part:
+            part = dict(part)
+            write_mask(run_dir, instance.key, name, np.asarray(part.pop("mask"))[:height, :width])
+            payload[name] = part
+    return payload
+
+
 def timings_path(run_dir, process_index: int = 0) -> pathlib.Path:
     """``RUN_DIR/timings.jsonl`` (process 0) or ``RUN_DIR/timings.process<k>.jsonl``."""
     suffix = "" if not process_index else f".process{int(process_index)}"
@@ -134,5 +159,5 @@ def read_timings(run_dir) -> dict[tuple[str, str], dict]:
     return timings
 
 
-__all__ = ["MASKS_DIR", "file_stem", "mask_path", "write_mask", "read_mask", "timings_path", "timing_line",
+__all__ = ["MASKS_DIR", "file_stem", "mask_path", "write_mask", "read_mask", "store_masks", "timings_path", "timing_line",
            "append_timing", "read_timings"]
