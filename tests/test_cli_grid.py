@@ -210,3 +210,9 @@ def test_grid_table_means_nan_failed_and_errors():
         grid_table([record("a", "1", **click)], "box")
     with pytest.raises(ValueError, match="kind"):
         grid_table([], "circle")
+
+
+def test_help_says_how_to_pick_the_device(capsys):
+    from cli_helpers import help_text
+
+    assert "JAX_PLATFORMS=cpu|cuda|tpu" in help_text("grid", capsys)
