@@ -62,7 +62,7 @@ examples:
   jaxseg-robust tetris --model sam_vit_b --datasets GrabCut,Berkeley,DAVIS,COCO_MVal,TETRIS \\
       --data-root ~/datasets --out runs/tetris_sam_vit_b
       MIN and MAX attacks (10 clicks, 11 evaluated iterates per click, lr_mult 1) and the
-      baseline clicker (20 clicks): IoU/BIoU-AuC@10 Min/Max/Δ, NoC@85/90
+      baseline clicker (20 clicks): IoU/BIoU-AuC@10 Min/Max/Δ, NoC@80/85/90, seconds per click
   jaxseg-robust tetris --model sam_vit_b --datasets GrabCut --mode baseline --n-clicks 20 --out runs/noc
   jaxseg-robust tetris --model sam_tiny --folder my/images my/masks --n_clicks 3 --n_opt_steps 3 \\
       --limit 5 --out runs/smoke      (random-weight test model)
@@ -119,7 +119,8 @@ def register(subparsers) -> None:
     add_flag(group, "--target-iou", type=finite_float, default=None, metavar="T",
              help="RITM's target IoU: adds NoC@T and >=K@T to the table besides NoC@80/85/90 (the baseline's "
                   "NoC). It stops nothing early: as in TETRIS (RITM run with target 1.01), every trajectory "
-                  "runs all its clicks, so the records do not depend on it")
+                  "runs all its clicks, so the records do not depend on it. Recorded in the manifest for "
+                  "`jaxseg-robust report` (resume with the same value)")
 
 
 # ---- configuration ---------------------------------------------------------------------------
