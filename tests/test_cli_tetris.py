@@ -346,5 +346,7 @@ def test_tetris_table_noc80_target_and_timing_columns():
     assert "NoC@95" in markdown and ">=4@95" in markdown and "| 3 | 0.75 |" in markdown
     assert to_csv(table).splitlines()[0].endswith("noc95,nof85,nof90,nof95,sec_instance,sec_click")
     assert tetris_table(records, target_iou=0.9).columns == tetris_table(records).columns
+    assert tetris_table(records, target_iou=0.80000001).columns == tetris_table(records).columns
+    assert "noc92_5" in tetris_table(records, target_iou=0.925).columns
     with pytest.raises(ValueError, match="target_iou"):
         tetris_table(records, target_iou=1.5)

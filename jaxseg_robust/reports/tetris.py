@@ -187,10 +187,10 @@ def _dataset_values(payloads: Sequence[Mapping], trajectories: Sequence[str], au
 
 def table_thresholds(target_iou: float | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(NoC thresholds, NoF thresholds): RITM's 80/85/90 and 85/90, plus ``target_iou`` when not among them."""
-    if target_iou is None or any(math.isclose(target_iou, t) for t in NOC_THRESHOLDS):
-        return NOC_THRESHOLDS, NOF_THRESHOLDS
-    if not 0.0 < target_iou <= 1.0:
+    if target_iou is not None and not 0.0 < target_iou <= 1.0:
         raise ValueError(f"target_iou must be in (0, 1]; got {target_iou}")
+    if target_iou is None or threshold_label(target_iou) in {threshold_label(t) for t in NOC_THRESHOLDS}:
+        return NOC_THRESHOLDS, NOF_THRESHOLDS
     return (*NOC_THRESHOLDS, float(target_iou)), (*NOF_THRESHOLDS, float(target_iou))
 
 
