@@ -324,7 +324,13 @@ def execute(args) -> tuple:
     from jaxseg_robust.reports.report_files import load_run_records  # noqa: PLC0415
     from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
     from jaxseg_robust.reports.artifacts import read_timings  # noqa: PLC0415
-    from jaxseg_robust.reports.tetris import CLICK_CSV, tetris_table, to_csv, to_markdown, write_click_csv  # noqa: PLC0415
+    from jaxseg_robust.reports.tetris import (  # noqa: PLC0415
+        CLICK_CSV,
+        tetris_table,
+        to_csv,
+        to_markdown,
+        write_click_csv,
+    )
 
     attack, baseline = tetris_configs(args)
     instances = load_instances(args)

@@ -159,5 +159,5 @@ def read_timings(run_dir) -> dict[tuple[str, str], dict]:
     return timings
 
 
-__all__ = ["MASKS_DIR", "file_stem", "mask_path", "write_mask", "read_mask", "store_masks", "timings_path", "timing_line",
-           "append_timing", "read_timings"]
+__all__ = ["MASKS_DIR", "file_stem", "mask_path", "write_mask", "read_mask", "store_masks", "timings_path",
+           "timing_line", "append_timing", "read_timings"]
