@@ -295,3 +295,39 @@ def test_fixed_box_modes(tmp_path, capsys, mode):
         ious = np.asarray(payload["iou"], float)
         assert np.isfinite(ious[np.asarray(payload["box_valid"], bool)]).all()
         assert payload["mean_iou"] == pytest.approx(np.nanmean(ious[np.asarray(payload["box_valid"], bool)]))
+
+
+# ---- predicted masks, start-up lines, device help (issue 12) -----------------------------------
+
+def test_help_says_how_to_pick_the_device(capsys):
+    assert "JAX_PLATFORMS=cpu|cuda|tpu" in help_text("breps", capsys)
+
+
+def test_startup_lines_on_stderr(first_run):
+    *_, stderr = first_run
+    assert "loading sam_tiny ..." in stderr
+    assert "compiling the BREPS program (minmax) for bucket 64x64, batch 2 (first batch) ..." in stderr
+
+
+def test_attack_masks_beside_the_records_match_the_recorded_iou(first_run, tmp_path, capsys):
+    from jaxseg_robust.data.datasets import list_dataset_folder
+    from jaxseg_robust.reports.artifacts import read_mask
+
+    folder, out, _, _, _ = first_run
+    ok, _, _ = records_by_status(out)
+    refs = {ref.id: ref for ref in list_dataset_folder("folder", folder, name="toy", images_dir=str(folder / "images"),
+                                                       masks_dir=str(folder / "masks"), on_bad_pair="fail")}
+    for name in GOOD:
+        gt = np.asarray(refs[name].load().gt)
+        for attack in ("min", "max"):
+            assert "mask" not in ok[name]["payload"][attack]
+            mask = read_mask(out, ("toy", name), attack)
+            assert mask is not None and mask.shape == (HEIGHT, WIDTH)
+            union = ((mask | (gt == 1)) & (gt >= 0)).sum()
+            iou = ((mask & (gt == 1)) & (gt >= 0)).sum() / union if union else math.nan
+            assert iou == pytest.approx(ok[name]["payload"][attack]["iou"], abs=1e-6), (name, attack)
+    report = tmp_path / "report"
+    code, _, err = run_cli(["report", str(out), "--out", str(report)], capsys)
+    assert code == cli.EXIT_OK, err
+    assert {f"masks_toy_{name}.png" for name in GOOD} <= {p.name for p in report.iterdir()}
+    assert "![a0 predicted masks](masks_toy_a0.png)" in (report / "report.md").read_text()

@@ -63,11 +63,22 @@ def test_tiny_demo_writes_every_sub_run_and_one_report(tmp_path, capsys):
         assert_png(report / pathlib.Path(relative))
     assert any("boxes_synthetic" in name for name in images)  # the BREPS run recorded its image sources
     assert (report / "tetris" / "tetris.csv").is_file() and (report / "breps" / "breps.csv").is_file()
+    # issue 12: NoC@80, seconds per click, the per-click CSV and the predicted masks of both attacks
+    assert "NoC@80" in text and "s/click" in text and (report / "tetris" / "ious.csv").is_file()
+    assert any(name.startswith("tetris/masks_synthetic") for name in images)
+    assert any(name.startswith("breps/masks_synthetic") for name in images)
+    assert "loading sam_tiny ..." in err and "compiling the TETRIS program" in err
     # rerunning resumes every sub-run (nothing recomputed)
     code, again, err = run_cli(["demo", "--out", str(out), "--size", "tiny", "--untrained-model",
                                 "--progress", "none"], capsys)
     assert code == cli.EXIT_OK, err
     assert again.count("0 ok, 0 failed, 2 skipped") == 4
+
+
+def test_help_says_how_to_pick_the_device(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    assert "JAX_PLATFORMS=cpu|cuda|tpu" in capsys.readouterr().out
 
 
 def test_frame_matched_lr_mult_restores_the_papers_step_fraction():

@@ -77,6 +77,50 @@ def test_breps_report_tables_and_box_plots(runs, tmp_path, capsys):
     assert "| toy | 3 | 0 | 70.00 | 40.00 | 80.00 | 40.00 |" in stdout  # IoU-Tight/Min/Max/Δ@BBox
 
 
+def test_breps_report_draws_the_recorded_masks_and_skips_runs_without(runs, tmp_path, capsys):
+    from jaxseg_robust.commands.breps import store_masks_finalize
+    from jaxseg_robust.reports.artifacts import read_mask
+
+    root, instances, _, old_breps, _ = runs
+
+    def with_masks(batch):
+        outputs = breps_batch(batch)
+        frame = np.asarray(batch.gt).shape
+        low = np.zeros(frame, bool)
+        low[:, 10:20, 12:30] = True
+        outputs["min"]["mask"], outputs["max"]["mask"] = low, ~low
+        return outputs
+
+    out = tmp_path / "breps_masks"
+    make_run(out, instances, with_masks, {"protocol": "breps", "mode": "minmax"},
+             with_image_source(store_masks_finalize(out, "minmax")))
+    mask = read_mask(out, ("toy", "a0"), "min")
+    assert mask.shape == (HEIGHT, WIDTH) and mask.sum() == 10 * 18 and (read_mask(out, ("toy", "a0"), "max") == ~mask).all()
+    code, _, err = run_cli(["report", str(out)], capsys)
+    assert code == cli.EXIT_OK, err
+    assert_png(out / "report" / "masks_toy_a0.png")
+    # a run directory written before masks were kept still reports, without mask plots
+    code, _, err = run_cli(["report", str(old_breps), "--out", str(tmp_path / "old")], capsys)
+    assert code == cli.EXIT_OK, err
+    assert not any(p.name.startswith("masks_") for p in (tmp_path / "old").iterdir())
+
+
+def test_rclicks_report_writes_the_per_click_ious_csv(runs, tmp_path):
+    import csv
+
+    _, _, _, _, rclicks = runs
+    run_report.write_run_report(rclicks, tmp_path)
+    with open(tmp_path / "ious.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == len(GOOD) * 11 * 5  # base + G1..G10, 5 clicks each
+    curve = np.linspace(0.5, 0.95, 5, dtype=np.float32)
+    base = [r for r in rows if r["id"] == "a1" and r["trajectory"] == "base"]
+    assert [float(r["iou"]) for r in base] == [float(v) for v in curve] and all(r["biou"] == "" for r in base)
+    g10 = [r for r in rows if r["id"] == "a1" and r["trajectory"] == "G10"]
+    assert [int(r["click"]) for r in g10] == [1, 2, 3, 4, 5]
+    assert float(g10[2]["iou"]) == float(np.float32(curve[2] * np.float32(0.9)))
+
+
 def test_rclicks_report_uses_the_recorded_click_budget(runs, tmp_path):
     _, _, _, _, rclicks = runs
     paths = run_report.write_run_report(rclicks, tmp_path)

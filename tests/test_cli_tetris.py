@@ -91,10 +91,15 @@ def test_summary_table_matches_the_records(first_run):
     assert float(cells[3]) == pytest.approx(100 * scores["min"]["iou_auc"], abs=0.006)
     assert float(cells[4]) == pytest.approx(100 * scores["max"]["iou_auc"], abs=0.006)
     assert float(cells[5]) == pytest.approx(100 * (scores["max"]["iou_auc"] - scores["min"]["iou_auc"]), abs=0.011)
-    assert float(cells[11]) == pytest.approx(base["noc@85"], abs=0.006)
-    assert float(cells[13]) == base["nof@85"]
     header = next(line for line in stdout.splitlines() if line.startswith("| dataset |"))
+    by_header = dict(zip([h.strip() for h in header.strip("|").split("|")], cells))
+    noc = trajectory_scores([r["payload"]["baseline"] for r in records], num_clicks=BASELINE_CLICKS,
+                            noc_thresholds=(0.8, 0.85, 0.9))
+    for label in ("80", "85", "90"):
+        assert float(by_header[f"NoC@{label}"]) == pytest.approx(noc[f"noc@{label}"], abs=0.006)
+    assert float(by_header[f">={BASELINE_CLICKS}@85"]) == base["nof@85"]
     assert f"IoU-AuC@{CLICKS} Min" in header and "NoC@90" in header and f">={BASELINE_CLICKS}@90" in header
+    assert header.index("NoC@80") < header.index("NoC@85") < header.index("NoC@90")
     with open(out / "summary.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert rows[0]["dataset"] == "toy" and rows[0]["auc_clicks"] == str(CLICKS)
@@ -203,3 +208,145 @@ def test_baseline_mode_records_only_the_baseline(tmp_path, capsys):
     payloads = [r["payload"] for r in latest_records(read_run_records(out)).values()]
     assert all(set(p) == {"baseline", "source"} and len(p["baseline"]["iou"]) == 5 for p in payloads)
     assert "IoU-AuC@5 Base" in stdout and "Min" not in stdout.split("| dataset |")[1].splitlines()[0]
+
+
+# ---- what users of RITM / TETRIS look for (issue 12) -----------------------------------------
+
+def test_help_says_how_to_pick_the_device(capsys):
+    out = help_text("tetris", capsys)
+    assert "JAX_PLATFORMS=cpu|cuda|tpu" in out and "--target-iou" in out
+
+
+def test_startup_lines_on_stderr(first_run):
+    *_, stderr = first_run
+    assert "loading sam_tiny ..." in stderr
+    assert "compiling the TETRIS program (minmax + baseline) for bucket 64x64, batch 2 (first batch) ..." in stderr
+
+
+def test_timings_beside_the_records_and_in_the_table(first_run):
+    from jaxseg_robust.reports.artifacts import read_timings
+
+    _, out, _, stdout, _ = first_run
+    timings = read_timings(out)
+    assert set(timings) == {("toy", name) for name in GOOD}
+    for entry in timings.values():
+        # 3 instances in batches of 2: one batch of 2, one of 1
+        assert entry["batch_instances"] in (1, 2) and entry["seconds"] > 0
+        assert entry["seconds"] == pytest.approx(entry["batch_seconds"] / entry["batch_instances"])
+        assert entry["clicks"] == 2 * CLICKS + BASELINE_CLICKS
+    header = next(line for line in stdout.splitlines() if line.startswith("| dataset |"))
+    cells = dict(zip([h.strip() for h in header.strip("|").split("|")], table_cells(stdout)))
+    seconds = [e["seconds"] for e in timings.values()]
+    assert float(cells["s/instance"]) == pytest.approx(np.mean(seconds), rel=0.01)
+    assert float(cells["s/click"]) == pytest.approx(sum(seconds) / (3 * (2 * CLICKS + BASELINE_CLICKS)), rel=0.01)
+    assert "compile time excluded" in stdout
+    # records stay free of timings (same line after a resume) and of masks
+    ok, _, _ = records_by_status(out)
+    assert all("_timing" not in r["payload"] and "mask" not in r["payload"]["min"] for r in ok.values())
+
+
+def test_ious_csv_has_one_row_per_instance_trajectory_and_click(first_run):
+    _, out, _, _, _ = first_run
+    ok, _, _ = records_by_status(out)
+    with open(out / "ious.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["dataset", "id", "trajectory", "click", "iou", "biou"]
+    assert len(rows) == len(GOOD) * (2 * CLICKS + BASELINE_CLICKS)
+    for row in rows:
+        part = ok[row["id"]]["payload"][row["trajectory"]]
+        index = int(row["click"]) - 1
+        assert float(row["iou"]) == part["iou"][index] and float(row["biou"]) == part["biou"][index]
+    assert {(r["trajectory"], r["click"]) for r in rows if r["id"] == "a0"} == (
+        {(t, str(k)) for t in ("min", "max") for k in range(1, CLICKS + 1)}
+        | {("baseline", str(k)) for k in range(1, BASELINE_CLICKS + 1)})
+
+
+def test_final_masks_beside_the_records_match_the_recorded_iou(first_run):
+    from jaxseg_robust.data.datasets import list_dataset_folder
+    from jaxseg_robust.reports.artifacts import read_mask
+
+    folder, out, _, _, _ = first_run
+    ok, _, _ = records_by_status(out)
+    refs = {ref.id: ref for ref in list_dataset_folder("folder", folder, name="toy", images_dir=str(folder / "images"),
+                                                       masks_dir=str(folder / "masks"), on_bad_pair="fail")}
+    for name in GOOD:
+        gt = np.asarray(refs[name].load().gt)
+        for trajectory in ("min", "max", "baseline"):
+            mask = read_mask(out, ("toy", name), trajectory)
+            assert mask is not None and mask.shape == (HEIGHT, WIDTH)
+            valid = gt >= 0
+            union = ((mask | (gt == 1)) & valid).sum()
+            iou = ((mask & (gt == 1)) & valid).sum() / union if union else math.nan
+            recorded = ok[name]["payload"][trajectory]["iou"][-1]
+            assert iou == pytest.approx(recorded, abs=1e-6), (name, trajectory)
+
+
+def test_report_draws_the_predicted_masks_and_writes_the_ious_csv(first_run, tmp_path, capsys):
+    _, out, _, _, _ = first_run
+    report = tmp_path / "report"
+    code, _, err = run_cli(["report", str(out), "--out", str(report)], capsys)
+    assert code == cli.EXIT_OK, err
+    names = {p.name for p in report.iterdir()}
+    assert {f"masks_toy_{name}.png" for name in GOOD} <= names and "ious.csv" in names
+    assert_png(report / "masks_toy_a0.png")
+    assert (report / "ious.csv").read_text() == (out / "ious.csv").read_text()
+    text = (report / "report.md").read_text()
+    assert "![a0 predicted masks](masks_toy_a0.png)" in text and "s/click" in text
+
+
+def test_an_old_run_directory_without_masks_or_timings_still_reports(first_run, tmp_path, capsys):
+    import shutil
+
+    _, out, _, _, _ = first_run
+    old = tmp_path / "old_run"
+    shutil.copytree(out, old, ignore=shutil.ignore_patterns("masks", "timings*.jsonl", "ious.csv", "report"))
+    code, _, err = run_cli(["report", str(old)], capsys)
+    assert code == cli.EXIT_OK, err
+    names = {p.name for p in (old / "report").iterdir()}
+    assert not any(name.startswith("masks_") for name in names) and "clicks_toy_a0.png" in names
+    text = (old / "report" / "report.md").read_text()
+    assert "NoC@80" in text and "s/click" not in text
+
+
+def test_target_iou_adds_its_noc_column_and_stops_nothing(tmp_path, capsys):
+    folder = make_folder(tmp_path, bad=False)
+    out = tmp_path / "run"
+    argv = ["tetris", "--model", "sam_tiny", *folder_flags(folder), "--out", str(out), "--mode", "baseline",
+            "--n-clicks", "3", "--target-iou", "0.95", "--limit", "2", "--progress", "none"]
+    code, stdout, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_OK, err
+    header = next(line for line in stdout.splitlines() if line.startswith("| dataset |"))
+    assert "NoC@80" in header and "NoC@95" in header and ">=3@95" in header
+    records = list(records_by_status(out)[0].values())
+    assert all(len(r["payload"]["baseline"]["iou"]) == 3 for r in records)  # no early stop
+    expected = trajectory_scores([r["payload"]["baseline"] for r in records], num_clicks=3, noc_thresholds=(0.95,))
+    cells = dict(zip([h.strip() for h in header.strip("|").split("|")], table_cells(stdout)))
+    assert float(cells["NoC@95"]) == pytest.approx(expected["noc@95"], abs=0.006)
+    assert json.loads((out / "manifest.json").read_text())["config"]["target_iou"] == 0.95
+    code, _, err = run_cli(["report", str(out)], capsys)
+    assert code == cli.EXIT_OK, err
+    assert "NoC@95" in (out / "report" / "tetris.md").read_text()
+    assert_command_error("tetris", argv[:-2] + ["--target-iou", "1.5", "--out", str(tmp_path / "r2")], capsys,
+                         "--target-iou")
+
+
+def test_tetris_table_noc80_target_and_timing_columns():
+    records = [_record("a", "1", baseline=[0.5, 0.81, 0.86, 0.96]),
+               _record("a", "2", baseline=[0.3, 0.5, 0.7, 0.91])]
+    table = tetris_table(records)
+    assert table.columns == ("iou_base", "biou_base", "noc80", "noc85", "noc90", "nof85", "nof90")
+    assert table.rows[0].values["noc80"] == pytest.approx((2 + 4) / 2)
+    table = tetris_table(records, target_iou=0.95,
+                         timings={("a", "1"): {"seconds": 2.0, "clicks": 4}, ("a", "2"): {"seconds": 4.0, "clicks": 4}})
+    assert table.columns[-4:] == ("nof90", "nof95", "sec_instance", "sec_click") and "noc95" in table.columns
+    values = table.rows[0].values
+    assert values["noc95"] == pytest.approx((4 + 4) / 2) and values["nof95"] == 2
+    assert values["sec_instance"] == pytest.approx(3.0) and values["sec_click"] == pytest.approx(6.0 / 8)
+    markdown = to_markdown(table)
+    assert "NoC@95" in markdown and ">=4@95" in markdown and "| 3 | 0.75 |" in markdown
+    assert to_csv(table).splitlines()[0].endswith("noc95,nof85,nof90,nof95,sec_instance,sec_click")
+    assert tetris_table(records, target_iou=0.9).columns == tetris_table(records).columns
+    assert tetris_table(records, target_iou=0.80000001).columns == tetris_table(records).columns
+    assert "noc92_5" in tetris_table(records, target_iou=0.925).columns
+    with pytest.raises(ValueError, match="target_iou"):
+        tetris_table(records, target_iou=1.5)

@@ -26,6 +26,8 @@ import sys
 import numpy as np
 
 from jaxseg_robust.commands.prompt_common import (
+    DEVICE_EPILOG,
+    AnnouncedBatchFunction,
     CommandError,
     LoadedModel,
     add_attack_step_flags,
@@ -38,6 +40,7 @@ from jaxseg_robust.commands.prompt_common import (
     model_config,
     run_prompt_command,
     run_protocol,
+    startup_line,
 )
 
 COMMAND = "breps"
@@ -59,9 +62,11 @@ examples:
 Rerunning the same command resumes: finished instances are skipped, the table
 is printed again. Failed instances (unreadable files, mismatched mask sizes,
 empty masks) are recorded with their error and counted in the table.
+Beside the records: RUN_DIR/masks/ (the attacks' predicted masks of the best box; drawn
+by `jaxseg-robust report RUN_DIR`).
 exit codes: 0 every instance ok, 1 some instances failed (listed), 2 bad
 arguments / nothing could be run.
-"""
+""" + DEVICE_EPILOG + "\n"
 
 
 def register(subparsers) -> None:
@@ -283,12 +288,28 @@ def make_batch_function(args, model: LoadedModel, user_boxes: dict | None = None
         function = UserBoxBatchFunction(model.segmenter, model.params, user_boxes, args.box_frame)
         return function, function.finalize
     options = {"max_shift_frac": args.jitter_pow, "seed": args.seed} if args.mode == "jitter" else None
+    attack = args.mode in ("min", "max", "minmax")
     function = make_box_batch_fn(
         model.segmenter, model.params, mode=args.mode, n_steps=args.n_opt_steps, lr_mult=args.lr_mult,
         lam=args.lambda_mult, thr=args.thresh, clip_and_order=args.clip_and_order,
         record_trajectory=not args.no_trajectory, box_frame=args.box_frame,
-        integer_boxes=not args.float_boxes, jitter_options=options)
-    return function, None
+        integer_boxes=not args.float_boxes, jitter_options=options, return_mask=attack)
+    return AnnouncedBatchFunction(function, f"BREPS program ({args.mode})"), (
+        store_masks_finalize(args.out, args.mode) if attack else None)
+
+
+def store_masks_finalize(run_dir, mode: str):
+    """The attack modes' ``finalize``: each attack's best-box mask into ``RUN_DIR/masks/<dataset>/<id>.<attack>.png``.
+
+    The payload is what it was without the masks (`jaxseg_robust.reports.artifacts.store_masks`);
+    the masks are an extra output of the same program, so the recorded numbers do not change.
+    """
+    from jaxseg_robust.reports.artifacts import store_masks  # noqa: PLC0415
+
+    def finalize(instance, outputs) -> dict:
+        return store_masks(run_dir, instance, outputs, top_level=None if mode == "minmax" else mode)
+
+    return finalize
 
 
 def execute(args) -> tuple:
@@ -298,6 +319,7 @@ def execute(args) -> tuple:
 
     check_protocol_arguments(args)
     instances = load_instances(args)
+    startup_line(f"loading {args.model} ...")
     model = load_model_of(args)
     user_boxes, user_fingerprint = None, None
     if args.mode == "user":

@@ -42,7 +42,7 @@ import pathlib
 import sys
 
 from jaxseg_robust.cli import EXIT_FAILURE, EXIT_OK
-from jaxseg_robust.commands.prompt_common import CommandError, report_error
+from jaxseg_robust.commands.prompt_common import DEVICE_EPILOG, CommandError, report_error
 
 COMMAND = "demo"
 UNTRAINED_MODEL = "sam_tiny"
@@ -110,7 +110,7 @@ examples:
   jaxseg-robust demo --out /tmp/demo --size small   7 instances, shorter attacks
   jaxseg-robust demo --untrained-model      no trained weights installed: random sam_tiny (numbers meaningless)
 exit codes: 0 every sub-run ok, 1 some instances failed, 2 bad arguments / a sub-run could not run.
-"""
+""" + DEVICE_EPILOG + "\n"
 
 
 def register(subparsers) -> None:

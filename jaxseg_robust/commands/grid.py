@@ -30,6 +30,8 @@ import sys
 import numpy as np
 
 from jaxseg_robust.commands.prompt_common import (
+    DEVICE_EPILOG,
+    AnnouncedBatchFunction,
     CommandError,
     LoadedModel,
     add_flag,
@@ -41,6 +43,7 @@ from jaxseg_robust.commands.prompt_common import (
     positive_int,
     run_prompt_command,
     run_protocol,
+    startup_line,
 )
 
 COMMAND = "grid"
@@ -63,7 +66,7 @@ examples:
 `jaxseg-robust report RUN_DIR` draws the heatmaps.
 exit codes: 0 every instance ok, 1 some instances failed (listed), 2 bad
 arguments / nothing could be run.
-"""
+""" + DEVICE_EPILOG + "\n"
 
 
 def register(subparsers) -> None:
@@ -259,8 +262,9 @@ def execute(args) -> tuple:
     multimask = check_arguments(args)
     instances = load_instances(args)
     check_stride(args, instances)
+    startup_line(f"loading {args.model} ...")
     model = load_model_of(args)
-    batch_fn = make_batch_function(args, model, multimask)
+    batch_fn = AnnouncedBatchFunction(make_batch_function(args, model, multimask), f"{args.kind} grid program")
     config = protocol_config(args, model, multimask)
     summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
                            finalize=make_finalize(args.out, args.kind, args.stride))

@@ -70,6 +70,38 @@ class CommandError(Exception):
     """A problem the user must fix (bad flag value, missing data or model); printed without traceback."""
 
 
+DEVICE_EPILOG = """\
+device: JAX picks the accelerator if one is installed; choose with the environment variable
+JAX_PLATFORMS=cpu|cuda|tpu (e.g. JAX_PLATFORMS=cpu jaxseg-robust ...); a batch is sharded over
+all local devices of that platform."""
+
+
+def startup_line(text: str, stream=None) -> None:
+    """Prints a start-up step (``loading sam_vit_b ...``, ``compiling ...``) to stderr, flushed."""
+    print(text, file=sys.stderr if stream is None else stream, flush=True)
+
+
+class AnnouncedBatchFunction:
+    """A batch function that says (`startup_line`) before the first batch of each bucket: that call compiles.
+
+    Attributes of the wrapped function (``traces``, ``finalize``, ...) are reachable through the wrapper.
+    """
+
+    def __init__(self, batch_fn: Callable, program: str):
+        self.batch_fn, self.program, self._seen = batch_fn, program, set()
+
+    def __call__(self, batch):
+        shape = tuple(int(v) for v in getattr(batch.gt, "shape", ()))
+        if shape not in self._seen and len(shape) == 3:
+            self._seen.add(shape)
+            startup_line(f"compiling the {self.program} for bucket {shape[1]}x{shape[2]}, batch {shape[0]} "
+                         "(first batch) ...")
+        return self.batch_fn(batch)
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["batch_fn"], name)
+
+
 # ---- flags -------------------------------------------------------------------------------
 
 def flag_spellings(name: str) -> list[str]:

@@ -4,26 +4,36 @@ Protocols (``--mode``; docs/protocols/tetris.md §1, §3, defaults = the TETRIS 
   minmax    (default) the MIN and the MAX attack on one embedding per image,
             IoU/BIoU-AuC@10 Min / Max / Δ per dataset;
   min, max  one attack;
-  baseline  the RITM baseline clicker only (``--n-clicks 20`` for NoC@85/90).
+  baseline  the RITM baseline clicker only (``--n-clicks 20`` for NoC@80/85/90).
 With an attack, the baseline clicker also runs on the same embedding for
 ``--baseline-clicks`` clicks (default 20, 0 = off): the table's baseline
-IoU/BIoU-AuC and RITM's NoC@85/90 and >=20@85/90 come from it.
+IoU/BIoU-AuC and RITM's NoC@80/85/90 and >=20@85/90 come from it
+(``--target-iou T`` adds NoC@T and >=20@T; nothing stops early).
 
 Records (``RUN_DIR/records.jsonl``, one JSON line per instance): per
 trajectory (``min``, ``max``, ``baseline``) the per-click outputs of
 `jaxseg_robust.attacks.clicks.trajectory_outputs` (clicks (row, col), signs,
 IoU, BIoU, iterate-0 scores, location losses, accepted steps, per-instance
 AuC; ``--record-iterates`` adds the per-iterate log) and ``source`` (the
-image file and evaluated size, for the report's plots). The per-dataset table
-(`jaxseg_robust.reports.tetris`) is printed and written to ``RUN_DIR/summary.md``
-and ``summary.csv``; ``jaxseg-robust report RUN_DIR`` adds plots.
+image file and evaluated size, for the report's plots). Beside them
+(`jaxseg_robust.reports.artifacts`): each trajectory's final predicted mask
+(``RUN_DIR/masks/``) and the seconds of the jitted batch call per instance
+(``RUN_DIR/timings.jsonl``; compile time excluded: each bucket's program is
+compiled before its first timed call, announced on stderr). The per-dataset
+table (`jaxseg_robust.reports.tetris`, with seconds per instance and per
+click) is printed and written to ``RUN_DIR/summary.md`` and ``summary.csv``,
+the per-instance, per-click IoU/BIoU to ``RUN_DIR/ious.csv`` (RITM's
+``--save-ious``); ``jaxseg-robust report RUN_DIR`` adds plots.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import pathlib
 
 from jaxseg_robust.commands.prompt_common import (
+    DEVICE_EPILOG,
     CommandError,
     LoadedModel,
     add_attack_step_flags,
@@ -38,29 +48,35 @@ from jaxseg_robust.commands.prompt_common import (
     positive_int,
     run_prompt_command,
     run_protocol,
+    startup_line,
 )
 
 COMMAND = "tetris"
 MODES = ("minmax", "min", "max", "baseline")
 DEFAULT_BATCH_SIZE = 4
-DEFAULT_BASELINE_CLICKS = 20  # RITM's NoC@85/90 budget
+DEFAULT_BASELINE_CLICKS = 20  # RITM's NoC@80/85/90 budget
+TIMING_KEY = "_timing"  # batch output moved into RUN_DIR/timings*.jsonl by `finalize_payload`
 
 EPILOG = """\
 examples:
   jaxseg-robust tetris --model sam_vit_b --datasets GrabCut,Berkeley,DAVIS,COCO_MVal,TETRIS \\
       --data-root ~/datasets --out runs/tetris_sam_vit_b
       MIN and MAX attacks (10 clicks, 11 evaluated iterates per click, lr_mult 1) and the
-      baseline clicker (20 clicks): IoU/BIoU-AuC@10 Min/Max/Δ, NoC@85/90
+      baseline clicker (20 clicks): IoU/BIoU-AuC@10 Min/Max/Δ, NoC@80/85/90, seconds per click
   jaxseg-robust tetris --model sam_vit_b --datasets GrabCut --mode baseline --n-clicks 20 --out runs/noc
   jaxseg-robust tetris --model sam_tiny --folder my/images my/masks --n_clicks 3 --n_opt_steps 3 \\
       --limit 5 --out runs/smoke      (random-weight test model)
 
 Paper variants (spec §7.2): --n_opt_steps 10, --fixed-first-click, --acceptance paper.
+--target-iou T adds NoC@T / >=K@T to the table (NoC@80/85/90 are always there); every
+trajectory runs all its clicks (no early stop: TETRIS runs RITM with target 1.01).
 Rerunning the same command resumes: finished instances are skipped, the table
-is printed again. `jaxseg-robust report RUN_DIR` writes the plots.
+is printed again. Beside the records: RUN_DIR/ious.csv (IoU and BIoU per instance and
+click), RUN_DIR/masks/ (final predicted masks), RUN_DIR/timings.jsonl (seconds per
+instance, compile excluded). `jaxseg-robust report RUN_DIR` writes the plots.
 exit codes: 0 every instance ok, 1 some instances failed (listed), 2 bad
 arguments / nothing could be run.
-"""
+""" + DEVICE_EPILOG + "\n"
 
 
 def register(subparsers) -> None:
@@ -100,6 +116,11 @@ def register(subparsers) -> None:
              help="the paper's reading: click 1 is the baseline click (not optimised)")
     add_flag(group, "--record-iterates", action="store_true",
              help="store the per-iterate log (points, losses, IoUs of every step) in the records")
+    add_flag(group, "--target-iou", type=finite_float, default=None, metavar="T",
+             help="RITM's target IoU: adds NoC@T and >=K@T to the table besides NoC@80/85/90 (the baseline's "
+                  "NoC). It stops nothing early: as in TETRIS (RITM run with target 1.01), every trajectory "
+                  "runs all its clicks, so the records do not depend on it. Recorded in the manifest for "
+                  "`jaxseg-robust report` (resume with the same value)")
 
 
 # ---- configuration ---------------------------------------------------------------------------
@@ -123,6 +144,8 @@ def tetris_configs(args):
         raise CommandError(f"--n-clicks must be >= 2 (the AuC needs two clicks); got {args.n_clicks}")
     if not 0.0 <= args.thresh < 1.0:
         raise CommandError(f"--thresh must be in [0, 1); got {args.thresh}")
+    if args.target_iou is not None and not 0.0 < args.target_iou <= 1.0:
+        raise CommandError(f"--target-iou must be in (0, 1]; got {args.target_iou}")
     baseline_clicks = DEFAULT_BASELINE_CLICKS if args.baseline_clicks is None else args.baseline_clicks
     common = {"thr": args.thresh, "mask_input": args.mask_input,
               "radius": DEFAULT_CLICK_RADIUS if args.radius is None else args.radius}
@@ -149,6 +172,8 @@ def protocol_config(args, model: LoadedModel, attack, baseline) -> dict:
     """The run configuration recorded in (and compared on resume with) the manifest."""
     config = model_config(COMMAND, args, model, mode=args.mode)
     config.update(n_clicks=args.n_clicks, baseline_clicks=0 if baseline is None else baseline.n_clicks)
+    if args.target_iou is not None:  # a table setting, recorded so that `jaxseg-robust report` shows the same table
+        config["target_iou"] = args.target_iou
     if attack is not None:
         config["attack"] = dataclasses.asdict(attack)
     if baseline is not None:
@@ -167,20 +192,55 @@ def _click_batch_function_class():
         trajectory_outputs,
     )
     import functools  # noqa: PLC0415
+    import time  # noqa: PLC0415
 
     import jax  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
 
     class TetrisBatchFunction(ClickBatchFunction):
-        """`ClickBatchFunction` that also runs the baseline clicker on the attack's embedding.
+        """`ClickBatchFunction` that also runs the baseline clicker on the attack's embedding, timed.
 
         Outputs: ``{trajectory: trajectory_outputs}`` for each of "min", "max"
-        (the attack modes asked for) and "baseline" (when ``baseline`` is set);
-        one embedding per image, one jitted program per bucket.
+        (the attack modes asked for) and "baseline" (when ``baseline`` is set),
+        plus ``TIMING_KEY``: ``{"batch_seconds", "batch_instances"}`` [B]
+        (host wall time of the jitted call, compile excluded; the number of
+        real instances in the batch). One embedding per image, one program per
+        bucket: compiled ahead of its first batch (`startup_line` says so,
+        ``announce``), so the timed call runs the compiled program only.
         """
 
-        def __init__(self, segmenter, params, mode: str, attack, baseline):
+        def __init__(self, segmenter, params, mode: str, attack, baseline, announce=None):
             self.baseline = baseline
+            self.announce = announce
             super().__init__(segmenter, params, mode, attack if attack is not None else baseline)
+            self._jitted = self._core
+            self._compiled: dict = {}
+            self._last_seconds = math.nan
+            self._core = self._timed_core
+
+        def _timed_core(self, params, *args):
+            leaves = jax.tree.leaves((params, args))
+            key = tuple((tuple(leaf.shape), str(leaf.dtype), str(getattr(leaf, "sharding", None)))
+                        for leaf in leaves)
+            compiled = self._compiled.get(key)
+            if compiled is None:
+                frame = args[2].shape[1:]  # gt [B, Hf, Wf]
+                if self.announce is not None:
+                    self.announce(f"compiling the TETRIS program ({self.mode}"
+                                  f"{' + baseline' if self.baseline is not None and self.mode != 'baseline' else ''}"
+                                  f") for bucket {frame[0]}x{frame[1]}, batch {args[2].shape[0]} (first batch) ...")
+                compiled = self._compiled[key] = self._jitted.lower(params, *args).compile()
+            start = time.perf_counter()
+            outputs = jax.block_until_ready(compiled(params, *args))
+            self._last_seconds = time.perf_counter() - start
+            return outputs
+
+        def __call__(self, batch) -> dict:
+            outputs = dict(super().__call__(batch))
+            valid = np.asarray(batch.instance_valid, bool)
+            outputs[TIMING_KEY] = {"batch_seconds": np.full(valid.shape, self._last_seconds, np.float64),
+                                   "batch_instances": np.full(valid.shape, int(valid.sum()), np.int64)}
+            return outputs
 
         def _run(self, params, model_input, transform, gt, width):
             self.traces += 1  # runs once per trace
@@ -205,25 +265,85 @@ def _click_batch_function_class():
     return TetrisBatchFunction
 
 
-def make_batch_function(model: LoadedModel, mode: str, attack, baseline):
-    """The engine batch function: ``PaddedBatch -> {trajectory: outputs [B, ...]}`` (see `TetrisBatchFunction`)."""
-    return _click_batch_function_class()(model.segmenter, model.params, mode, attack, baseline)
+def make_batch_function(model: LoadedModel, mode: str, attack, baseline, *, masks: bool = True, announce=None):
+    """The engine batch function: ``PaddedBatch -> {trajectory: outputs [B, ...]}`` (see `TetrisBatchFunction`).
+
+    Args:
+      masks: also output each trajectory's final binary mask (``mask`` [B, Hf, Wf]; `finalize_payload`
+        moves it into a side file). An output only: the numbers are the same either way.
+      announce: ``text -> None`` told before a bucket's program is compiled (None: silent).
+    """
+    if masks:
+        attack = None if attack is None else dataclasses.replace(attack, return_mask=True)
+        baseline = None if baseline is None else dataclasses.replace(baseline, return_mask=True)
+    return _click_batch_function_class()(model.segmenter, model.params, mode, attack, baseline, announce=announce)
+
+
+def clicks_per_instance(attack, baseline, mode: str) -> int:
+    """Clicks one instance computes over all its trajectories (the divisor of seconds per click)."""
+    attacks = 0 if attack is None else (2 if mode == "minmax" else 1) * attack.n_clicks
+    return attacks + (0 if baseline is None else baseline.n_clicks)
+
+
+def finalize_payload(run_dir, clicks: int, process_index: int = 0):
+    """The engine ``finalize``: moves masks and timings out of the outputs into side files.
+
+    Each trajectory's ``mask`` (frame-sized) is cropped to the instance's size
+    and written as ``RUN_DIR/masks/<dataset>/<id>.<trajectory>.png``; the
+    batch timing becomes one line of ``RUN_DIR/timings[.process<k>].jsonl``
+    (`jaxseg_robust.reports.artifacts`). The payload is what it was before
+    these outputs existed, so records stay comparable across versions and resumes.
+    """
+    from jaxseg_robust.reports.artifacts import append_timing, store_masks, timing_line  # noqa: PLC0415
+
+    def finalize(instance, outputs) -> dict:
+        payload = dict(outputs)
+        timing = payload.pop(TIMING_KEY, None)
+        payload = store_masks(run_dir, instance, payload)
+        if timing is not None:
+            append_timing(run_dir, timing_line(instance.key, float(timing["batch_seconds"]),
+                                               int(timing["batch_instances"]), clicks), process_index)
+        return payload
+
+    return finalize
+
+
+def process_index_of(args) -> int:
+    """This process's index among the run's processes (names its timings file)."""
+    if getattr(args, "process_index", None) is not None:
+        return int(args.process_index)
+    if getattr(args, "distributed", False):
+        import jax  # noqa: PLC0415
+
+        return int(jax.process_index())
+    return 0
 
 
 def execute(args) -> tuple:
     """Checks, loads, runs into ``args.out``; returns (run summary, table Markdown, table CSV) of the run directory."""
     from jaxseg_robust.reports.report_files import load_run_records  # noqa: PLC0415
     from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
-    from jaxseg_robust.reports.tetris import tetris_table, to_csv, to_markdown  # noqa: PLC0415
+    from jaxseg_robust.reports.artifacts import read_timings  # noqa: PLC0415
+    from jaxseg_robust.reports.tetris import (  # noqa: PLC0415
+        CLICK_CSV,
+        tetris_table,
+        to_csv,
+        to_markdown,
+        write_click_csv,
+    )
 
     attack, baseline = tetris_configs(args)
     instances = load_instances(args)
+    startup_line(f"loading {args.model} ...")
     model = load_model_of(args)
-    batch_fn = make_batch_function(model, args.mode, attack, baseline)
+    batch_fn = make_batch_function(model, args.mode, attack, baseline, announce=startup_line)
     config = protocol_config(args, model, attack, baseline)
+    finalize = finalize_payload(args.out, clicks_per_instance(attack, baseline, args.mode), process_index_of(args))
     summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
-                           finalize=with_image_source())
-    table = tetris_table(load_run_records(args.out))
+                           finalize=with_image_source(finalize))
+    records = load_run_records(args.out)
+    table = tetris_table(records, target_iou=args.target_iou, timings=read_timings(args.out))
+    write_click_csv(pathlib.Path(args.out) / CLICK_CSV, records)
     return summary, to_markdown(table), to_csv(table)
 
 

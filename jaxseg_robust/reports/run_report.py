@@ -5,14 +5,18 @@
 ``out_dir`` (default ``RUN_DIR/report``):
 
   tetris   `jaxseg_robust.reports.tetris.write_report` (AuC Min/Max/Δ, baseline
-           NoC@85/90, mIoU-per-click curves, clicks over the image);
+           NoC@80/85/90, seconds per click, mIoU-per-click curves, clicks and
+           final predicted masks over the image, ``ious.csv``);
   grid     `jaxseg_robust.reports.grid.write_report` (min/max/baseline table,
            click heatmaps over the image, box-size and corner heatmaps);
   breps    `jaxseg_robust.reports.breps` tables (IoU-Tight/Min/Max/Δ@BBox and
            the other modes) plus, here, the attack's boxes drawn over the image
-           (records that carry a ``source``, `jaxseg_robust.reports.sources`);
+           (records that carry a ``source``, `jaxseg_robust.reports.sources`)
+           and, where the run directory holds them, each attack's predicted
+           mask with its box (`jaxseg_robust.reports.artifacts`);
   rclicks  `jaxseg_robust.reports.rclicks.write_tables` (NoC20@90 table; the NoC
-           target is the benchmark's 0.9: the run does not record ``--target-iou``);
+           target is the benchmark's 0.9: the run does not record ``--target-iou``)
+           and ``ious.csv`` (IoU per instance, clicker (base, G1..) and click; no BIoU);
   perturb  `jaxseg_robust.reports.perturb.write_report` when that module is
            installed (skipped with a note otherwise).
 
@@ -86,10 +90,28 @@ def _breps_boxes(payload, mode: str) -> dict:
     return boxes
 
 
+def _breps_mask_panels(run_dir, record, image, mode: str) -> list:
+    """One `MaskPanel` per attack whose best-box mask the run directory holds (with that box)."""
+    from jaxseg_robust.reports.artifacts import read_mask  # noqa: PLC0415
+    from jaxseg_robust.reports.mask_plots import MaskPanel  # noqa: PLC0415
+
+    payload, panels = record["payload"], []
+    for attack in ("min", "max"):
+        part = payload.get(attack) if mode == "minmax" else (payload if mode == attack else None)
+        mask = read_mask(run_dir, (record["dataset"], record["id"]), attack, image.shape[:2]) if part else None
+        if mask is None:
+            continue
+        iou = part.get("iou")
+        title = f"{attack}: IoU {100 * iou:.1f}" if iou is not None else attack
+        panels.append(MaskPanel(title, mask, attack, box=part.get("box_clipped")))
+    return panels
+
+
 def write_breps_report(run_dir, out_dir, *, max_examples: int = 4) -> dict[str, pathlib.Path]:
-    """BREPS tables (`reports.breps`) and, for the attack modes, adversarial boxes over the image."""
+    """BREPS tables (`reports.breps`) and, for the attack modes, adversarial boxes and their masks over the image."""
     from jaxseg_robust.reports import breps  # noqa: PLC0415
     from jaxseg_robust.reports.figures import plot_prompts  # noqa: PLC0415
+    from jaxseg_robust.reports.mask_plots import plot_mask_panels  # noqa: PLC0415
     from jaxseg_robust.reports.sources import load_source_image  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
 
@@ -108,6 +130,13 @@ def write_breps_report(run_dir, out_dir, *, max_examples: int = 4) -> dict[str, 
             paths[key] = plot_prompts(image, out / f"{key}.png", boxes=_breps_boxes(record["payload"], mode),
                                       title=f"{record['dataset']}/{record['id']}\ntight and adversarial boxes")
             parts += [f"![{record['id']}]({paths[key].name})", ""]
+            panels = _breps_mask_panels(run_dir, record, image, mode)
+            if panels:
+                key = f"masks_{safe_name(record['dataset'])}_{safe_name(record['id'])}"
+                paths[key] = plot_mask_panels(image, panels, out / f"{key}.png",
+                                              title=f"{record['dataset']}/{record['id']}: predicted mask of each "
+                                                    "attack's box")
+                parts += [f"![{record['id']} predicted masks]({paths[key].name})", ""]
         if unrecorded:
             parts += [f"{len(unrecorded)} instance(s) without a recorded image source: no box plot.", ""]
     return write_report_page(out, parts, records, paths)
@@ -115,8 +144,26 @@ def write_breps_report(run_dir, out_dir, *, max_examples: int = 4) -> dict[str, 
 
 # ---- RClicks and perturb: their own modules --------------------------------------------------------
 
+RCLICKS_CLICK_CSV = "ious.csv"
+
+
+def rclicks_click_rows(records):
+    """``(dataset, id, clicker, click, iou, "")`` per ok RClicks record: ``base`` and groups ``G1``.. (no BIoU)."""
+    for record in records:
+        if record.get("status") != "ok":
+            continue
+        payload = record.get("payload") or {}
+        curves = []
+        if payload.get("base_iou") is not None:
+            curves.append(("base", payload["base_iou"]))
+        curves += [(f"G{index}", curve) for index, curve in enumerate(payload.get("group_iou") or [], start=1)]
+        for clicker, curve in curves:
+            for click, iou in enumerate(curve, start=1):
+                yield record["dataset"], record["id"], clicker, click, iou, ""
+
+
 def write_rclicks_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
-    """RClicks NoC table (`reports.rclicks.write_tables`) over the run's ok records."""
+    """RClicks NoC table (`reports.rclicks.write_tables`) and the per-click ``ious.csv`` over the run's ok records."""
     from jaxseg_robust.metrics.rclicks_benchmark import benchmark_by_dataset  # noqa: PLC0415
     from jaxseg_robust.reports import rclicks  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
@@ -126,7 +173,10 @@ def write_rclicks_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
     out = report_folder(run_dir, out_dir)
     options = {"num_clicks": int(settings["num_rounds"])} if settings.get("num_rounds") else {}
     benchmarks = benchmark_by_dataset(records, **options)
-    paths = {}
+    from jaxseg_robust.reports.tables import click_csv_text  # noqa: PLC0415
+
+    paths = {"ious_csv": out / RCLICKS_CLICK_CSV}
+    paths["ious_csv"].write_text(click_csv_text(rclicks_click_rows(records)), encoding="utf-8")
     parts = ["# RClicks", ""]
     if benchmarks:
         markdown_path, csv_path = rclicks.write_tables(benchmarks, out)
@@ -207,5 +257,5 @@ def write_run_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
     return paths
 
 
-__all__ = ["ReportError", "REPORTERS", "protocol_of", "sub_runs", "write_breps_report", "write_rclicks_report",
-           "write_perturb_report", "write_run_report"]
+__all__ = ["ReportError", "REPORTERS", "protocol_of", "sub_runs", "write_breps_report", "rclicks_click_rows",
+           "write_rclicks_report", "write_perturb_report", "write_run_report"]

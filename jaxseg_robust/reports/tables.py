@@ -149,5 +149,28 @@ def exact_values(row: DatasetRow, columns: Sequence[str]) -> list[str]:
     return [repr(float(row.values[column])) for column in columns]
 
 
+CLICK_CSV_HEADER = ("dataset", "id", "trajectory", "click", "iou", "biou")
+
+
+def click_csv_text(rows: Iterable[tuple]) -> str:
+    """The per-instance, per-click CSV (RITM's ``--save-ious`` as a table): one row per instance x click.
+
+    Args:
+      rows: ``(dataset, id, trajectory, click (1-based), iou, biou)``; iou / biou a float, NaN or
+        None (JSON null: undefined, e.g. an empty union) or, for biou, ``""`` when the protocol
+        does not compute it (RClicks).
+
+    Returns:
+      CSV text with header `CLICK_CSV_HEADER`; floats at full precision (``repr``), undefined as ``nan``.
+    """
+    def cell(value):
+        if isinstance(value, str):
+            return value
+        return repr(number(value))
+
+    return csv_text(CLICK_CSV_HEADER, ([dataset, name, trajectory, int(click), cell(iou), cell(biou)]
+                                       for dataset, name, trajectory, click, iou, biou in rows))
+
+
 __all__ = ["MEAN_ROW", "DatasetRow", "number", "nanmean", "percent", "group_by_dataset", "with_mean_row",
-           "markdown_table", "csv_text", "exact_values"]
+           "markdown_table", "csv_text", "exact_values", "CLICK_CSV_HEADER", "click_csv_text"]

@@ -11,20 +11,29 @@ Columns (docs/protocols/tetris.md §3.5; `attacks.clicks.trajectory_scores`), pe
                                   run and MAX - MIN (TETRIS Table: K = 10);
   biou_*                          the same for Boundary IoU;
   iou_base / biou_base            AuC@K of the baseline clicker's mean curve;
-  noc85 / noc90, nof85 / nof90    RITM's NoC@85/90 (mean clicks to reach the IoU,
-                                  max = the baseline's clicks, 20 by default) and
+  noc80 / noc85 / noc90,          RITM's NoC@80/85/90 (mean clicks to reach the IoU,
+  nof85 / nof90                   max = the baseline's clicks, 20 by default) and
                                   NoF (the ">=20@85/90" column: instances whose
-                                  NoC equals the maximum), from the baseline.
+                                  NoC equals the maximum), from the baseline;
+                                  a ``target_iou`` T (``--target-iou``) not among
+                                  them adds noc<T> / nof<T> (e.g. noc95, nof95);
+  sec_instance / sec_click        seconds of the jitted protocol per instance and
+                                  per click (RITM's SPC: total seconds / total
+                                  clicks of all trajectories), from the run's
+                                  timings (`jaxseg_robust.reports.artifacts`;
+                                  compile time excluded); only when recorded.
 K = min(10, clicks of the run). NaN (an empty union outside the ignore band)
 propagates into the AuC as in the reference (``np.mean``). With several
 datasets a ``mean`` row averages the dataset rows (counts summed). Values
-are fractions in the rows / CSV, x100 in Markdown (NoC/NoF as they are).
+are fractions in the rows / CSV, x100 in Markdown (NoC/NoF/seconds as they are).
 
-`write_report` writes ``tetris.md`` / ``tetris.csv``, one mIoU-per-click plot
-per dataset (``curves_<dataset>.png``: min / baseline / max), the clicks of
-up to ``max_examples`` instances drawn over their image
-(``clicks_<dataset>_<id>.png``) and ``report.md`` (tables, plots, failed
-instances).
+`write_report` writes ``tetris.md`` / ``tetris.csv``, ``ious.csv`` (IoU and
+BIoU per instance, trajectory and click: `click_rows`), one mIoU-per-click
+plot per dataset (``curves_<dataset>.png``: min / baseline / max), the clicks
+of up to ``max_examples`` instances drawn over their image
+(``clicks_<dataset>_<id>.png``), their final predicted masks when the run
+directory holds them (``masks_<dataset>_<id>.png``: one panel per trajectory)
+and ``report.md`` (tables, plots, failed instances).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -46,6 +55,7 @@ from jaxseg_robust.reports.report_files import (
 )
 from jaxseg_robust.reports.tables import (
     DatasetRow,
+    click_csv_text,
     csv_text,
     exact_values,
     group_by_dataset,
@@ -57,14 +67,35 @@ from jaxseg_robust.reports.tables import (
 PROTOCOL = "tetris"
 TRAJECTORIES = ("min", "baseline", "max")
 AUC_CLICKS = 10
-NOC_THRESHOLDS = (0.85, 0.9)
+NOC_THRESHOLDS = (0.8, 0.85, 0.9)  # RITM's NoC@80/85/90
+NOF_THRESHOLDS = (0.85, 0.9)  # RITM's >=20@85/90
+CLICK_CSV = "ious.csv"
 ATTACK_COLUMNS = ("iou_min", "iou_max", "iou_delta", "biou_min", "biou_max", "biou_delta")
-BASELINE_COLUMNS = ("iou_base", "biou_base", "noc85", "noc90", "nof85", "nof90")
+TIMING_COLUMNS = ("sec_instance", "sec_click")
 HEADERS = {"iou_min": "IoU-AuC Min", "iou_max": "IoU-AuC Max", "iou_delta": "IoU-AuC Δ",
            "biou_min": "BIoU-AuC Min", "biou_max": "BIoU-AuC Max", "biou_delta": "BIoU-AuC Δ",
-           "iou_base": "IoU-AuC Base", "biou_base": "BIoU-AuC Base", "noc85": "NoC@85", "noc90": "NoC@90",
-           "nof85": ">=K@85", "nof90": ">=K@90"}
-_UNSCALED = {"noc85", "noc90", "nof85", "nof90"}
+           "iou_base": "IoU-AuC Base", "biou_base": "BIoU-AuC Base", "sec_instance": "s/instance",
+           "sec_click": "s/click"}
+
+
+def threshold_label(threshold: float) -> str:
+    """``0.85 -> "85"``, ``0.925 -> "92.5"`` (percent, no trailing zeros)."""
+    return f"{100.0 * float(threshold):.4f}".rstrip("0").rstrip(".")
+
+
+def _column_label(threshold: float) -> str:
+    return threshold_label(threshold).replace(".", "_")
+
+
+def _header_of(column: str) -> str:
+    if column in HEADERS:
+        return HEADERS[column]
+    kind, label = column[:3], column[3:].replace("_", ".")
+    return f"NoC@{label}" if kind == "noc" else f">=K@{label}"
+
+
+def _unscaled(column: str) -> bool:
+    return column.startswith(("noc", "nof", "sec_"))
 
 
 TetrisRow = DatasetRow  # one dataset's line: name, ok / failed counts, column -> value (fractions; NoC in clicks)
@@ -78,12 +109,18 @@ class TetrisTable:
       trajectories: which trajectories the records hold (subset of "min", "baseline", "max").
       auc_clicks: K of the AuC columns; noc_clicks: max clicks of NoC/NoF (0 without baseline).
       rows: per dataset, then ``mean`` with several datasets.
+      noc_thresholds / nof_thresholds: IoU targets of the NoC / NoF columns (80/85/90 and 85/90,
+        plus ``target_iou`` when given and not among them).
+      timed: the seconds columns are present (some ok record has a timing).
     """
 
     trajectories: tuple[str, ...]
     auc_clicks: int
     noc_clicks: int
     rows: tuple[TetrisRow, ...]
+    noc_thresholds: tuple[float, ...] = NOC_THRESHOLDS
+    nof_thresholds: tuple[float, ...] = NOF_THRESHOLDS
+    timed: bool = False
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -94,7 +131,11 @@ class TetrisTable:
             if part in self.trajectories or (part == "delta" and {"min", "max"} <= set(self.trajectories)):
                 columns.append(name)
         if "baseline" in self.trajectories:
-            columns += BASELINE_COLUMNS
+            columns += ["iou_base", "biou_base"]
+            columns += [f"noc{_column_label(t)}" for t in self.noc_thresholds]
+            columns += [f"nof{_column_label(t)}" for t in self.nof_thresholds]
+        if self.timed:
+            columns += TIMING_COLUMNS
         return tuple(columns)
 
 
@@ -117,7 +158,8 @@ def _nan_curves(payloads: Sequence[Mapping], trajectory: str) -> list[dict]:
 
 
 def _dataset_values(payloads: Sequence[Mapping], trajectories: Sequence[str], auc_clicks: int,
-                    noc_clicks: int) -> dict[str, float]:
+                    noc_clicks: int, noc_thresholds: Sequence[float] = NOC_THRESHOLDS,
+                    nof_thresholds: Sequence[float] = NOF_THRESHOLDS) -> dict[str, float]:
     from jaxseg_robust.attacks.clicks import trajectory_scores  # noqa: PLC0415
 
     values: dict[str, float] = {}
@@ -130,29 +172,62 @@ def _dataset_values(payloads: Sequence[Mapping], trajectories: Sequence[str], au
         values[f"iou_{suffix}"] = scores["iou_auc"]
         values[f"biou_{suffix}"] = scores["biou_auc"]
         if trajectory == "baseline":
-            noc = trajectory_scores(parts, num_clicks=noc_clicks, noc_thresholds=NOC_THRESHOLDS)
-            for threshold in NOC_THRESHOLDS:
-                label = f"{round(100 * threshold)}"
-                values[f"noc{label}"] = noc[f"noc@{label}"]
-                values[f"nof{label}"] = float(noc[f"nof@{label}"])
+            for threshold in dict.fromkeys((*noc_thresholds, *nof_thresholds)):
+                noc = trajectory_scores(parts, num_clicks=noc_clicks, noc_thresholds=(threshold,))
+                label, key = _column_label(threshold), f"{round(100 * threshold)}"
+                if threshold in noc_thresholds:
+                    values[f"noc{label}"] = noc[f"noc@{key}"]
+                if threshold in nof_thresholds:
+                    values[f"nof{label}"] = float(noc[f"nof@{key}"])
     if "min" in trajectories and "max" in trajectories:
         for metric in ("iou", "biou"):
             values[f"{metric}_delta"] = values[f"{metric}_max"] - values[f"{metric}_min"]
     return values
 
 
-def tetris_table(records: Iterable[Mapping]) -> TetrisTable:
+def table_thresholds(target_iou: float | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(NoC thresholds, NoF thresholds): RITM's 80/85/90 and 85/90, plus ``target_iou`` when not among them."""
+    if target_iou is not None and not 0.0 < target_iou <= 1.0:
+        raise ValueError(f"target_iou must be in (0, 1]; got {target_iou}")
+    if target_iou is None or threshold_label(target_iou) in {threshold_label(t) for t in NOC_THRESHOLDS}:
+        return NOC_THRESHOLDS, NOF_THRESHOLDS
+    return (*NOC_THRESHOLDS, float(target_iou)), (*NOF_THRESHOLDS, float(target_iou))
+
+
+def _timing_values(records: Sequence[Mapping], timings: Mapping) -> dict[str, float]:
+    """sec_instance (mean seconds of the timed ok records) and sec_click (their seconds / their clicks)."""
+    entries = [timings[(r["dataset"], r["id"])] for r in records if (r["dataset"], r["id"]) in timings]
+    if not entries:
+        return {"sec_instance": math.nan, "sec_click": math.nan}
+    seconds = sum(float(e["seconds"]) for e in entries)
+    clicks = sum(int(e.get("clicks", 0)) for e in entries)
+    return {"sec_instance": seconds / len(entries), "sec_click": seconds / clicks if clicks else math.nan}
+
+
+def tetris_table(records: Iterable[Mapping], *, target_iou: float | None = None,
+                 timings: Mapping | None = None) -> TetrisTable:
     """The per-dataset table of a TETRIS run (pure).
 
     Args:
       records: latest record per instance (``dataset``, ``id``, ``status``, ``payload``).
+      target_iou: RITM's ``--target-iou``: adds NoC / NoF at that IoU (None: 80/85/90 only).
+      timings: (dataset, id) -> timing entry (`jaxseg_robust.reports.artifacts.read_timings`);
+        the seconds columns appear when any ok record has one.
 
     Returns:
       `TetrisTable` (columns of the trajectories every ok record holds).
 
     Raises:
-      ValueError: ok records without any trajectory, or with fewer than 2 clicks.
+      ValueError: ok records without any trajectory, or with fewer than 2 clicks; a target outside (0, 1].
     """
+    records = list(records)
+    timings = timings or {}
+    noc_thresholds, nof_thresholds = table_thresholds(target_iou)
+    ok_records: dict[str, list] = {}
+    for record in records:
+        if record.get("status") == "ok":
+            ok_records.setdefault(str(record.get("dataset", "")), []).append(record)
+    timed = any((r["dataset"], r["id"]) in timings for rs in ok_records.values() for r in rs)
     ok, failed = group_by_dataset(records)
     every = [p for payloads in ok.values() for p in payloads]
     trajectories = _trajectories(every)
@@ -161,10 +236,12 @@ def tetris_table(records: Iterable[Mapping]) -> TetrisTable:
         raise ValueError(f"an AuC needs >= 2 clicks; the records hold {min(clicks.values())}")
     auc_clicks = min([AUC_CLICKS, *clicks.values()]) if clicks else AUC_CLICKS
     noc_clicks = clicks.get("baseline", 0)
-    table = TetrisTable(trajectories, auc_clicks, noc_clicks, ())
+    table = TetrisTable(trajectories, auc_clicks, noc_clicks, (), noc_thresholds, nof_thresholds, timed)
     rows = []
     for dataset in ok:
-        values = _dataset_values(ok[dataset], trajectories, auc_clicks, noc_clicks)
+        values = _dataset_values(ok[dataset], trajectories, auc_clicks, noc_clicks, noc_thresholds, nof_thresholds)
+        if timed:
+            values.update(_timing_values(ok_records.get(dataset, []), timings))
         rows.append(TetrisRow(dataset, len(ok[dataset]), failed[dataset],
                               {c: values.get(c, math.nan) for c in table.columns}))
     return dataclasses.replace(table, rows=with_mean_row(rows, table.columns, skip_nan=False))
@@ -173,11 +250,13 @@ def tetris_table(records: Iterable[Mapping]) -> TetrisTable:
 def _cell(column: str, value: float) -> str:
     if math.isnan(value):
         return "nan"
-    return f"{value:.2f}" if column in _UNSCALED else f"{100.0 * value:.2f}"
+    if column.startswith("sec_"):
+        return f"{value:.3g}"
+    return f"{value:.2f}" if _unscaled(column) else f"{100.0 * value:.2f}"
 
 
 def _header(column: str, table: TetrisTable) -> str:
-    header = HEADERS[column].replace("AuC", f"AuC@{table.auc_clicks}")
+    header = _header_of(column).replace("AuC", f"AuC@{table.auc_clicks}")
     return header.replace(">=K", f">={table.noc_clicks}")
 
 
@@ -188,7 +267,10 @@ def to_markdown(table: TetrisTable) -> str:
              for row in table.rows)
     note = f"\n\nAuC@{table.auc_clicks} x100 (AuC of the mean per-click curve)"
     if "baseline" in table.trajectories:
-        note += f"; NoC / NoF over {table.noc_clicks} baseline clicks"
+        note += f"; NoC / NoF over {table.noc_clicks} baseline clicks (no early stop)"
+    if table.timed:
+        note += ("; seconds of the jitted protocol per instance and per click (all trajectories' clicks), "
+                 "compile time excluded")
     return markdown_table(headers, cells) + note
 
 
@@ -211,6 +293,56 @@ def mean_curves(payloads: Sequence[Mapping], trajectories: Sequence[str], metric
     return curves
 
 
+def click_rows(records: Iterable[Mapping]) -> Iterator[tuple]:
+    """``(dataset, id, trajectory, click, iou, biou)`` per ok record, trajectory (min, baseline, max) and click.
+
+    Clicks are numbered from 1; IoU / BIoU as recorded (None: undefined).
+    """
+    for record in records:
+        if record.get("status") != "ok":
+            continue
+        payload = record.get("payload") or {}
+        for trajectory in TRAJECTORIES:
+            part = payload.get(trajectory)
+            if not isinstance(part, Mapping) or "iou" not in part:
+                continue
+            bious = part.get("biou") or [None] * len(part["iou"])
+            for click, (iou, biou) in enumerate(zip(part["iou"], bious), start=1):
+                yield record["dataset"], record["id"], trajectory, click, iou, biou
+
+
+def write_click_csv(path, records: Iterable[Mapping]) -> pathlib.Path:
+    """Writes `click_rows` as CSV (`jaxseg_robust.reports.tables.click_csv_text`); returns the path."""
+    path = pathlib.Path(path)
+    path.write_text(click_csv_text(click_rows(records)), encoding="utf-8")
+    return path
+
+
+def _final_label(part: Mapping, trajectory: str) -> str:
+    final = part["iou"][-1] if part.get("iou") else None
+    return f"{trajectory} (final IoU {100 * final:.1f})" if final is not None else trajectory
+
+
+def _mask_plot(run_dir, record: Mapping, image, trajectories: Sequence[str], path: pathlib.Path):
+    """One panel per trajectory: its final predicted mask and its clicks; None when no mask was recorded."""
+    from jaxseg_robust.reports.artifacts import read_mask  # noqa: PLC0415
+    from jaxseg_robust.reports.mask_plots import MaskPanel, plot_mask_panels  # noqa: PLC0415
+
+    key = (record["dataset"], record["id"])
+    panels = []
+    for trajectory in trajectories:
+        mask = read_mask(run_dir, key, trajectory, image.shape[:2])
+        if mask is None:
+            continue
+        part = record["payload"][trajectory]
+        panels.append(MaskPanel(_final_label(part, trajectory), mask, trajectory,
+                                np.asarray(part["clicks"], np.float64), np.asarray(part["is_positive"], bool)))
+    if not panels:
+        return None
+    title = f"{record['dataset']}/{record['id']}: predicted mask after the last click"
+    return plot_mask_panels(image, panels, path, title=title)
+
+
 def _click_plot(record: Mapping, trajectories: Sequence[str], path: pathlib.Path):
     from jaxseg_robust.reports.figures import plot_prompts  # noqa: PLC0415
     from jaxseg_robust.reports.sources import load_source_image  # noqa: PLC0415
@@ -222,11 +354,21 @@ def _click_plot(record: Mapping, trajectories: Sequence[str], path: pathlib.Path
     clicks = {}
     for trajectory in trajectories:
         part = payload[trajectory]
-        final = part["iou"][-1]
-        label = f"{trajectory} (final IoU {100 * final:.1f})" if final is not None else trajectory
-        clicks[label] = (np.asarray(part["clicks"], np.float64), np.asarray(part["is_positive"], bool))
+        clicks[_final_label(part, trajectory)] = (np.asarray(part["clicks"], np.float64),
+                                                  np.asarray(part["is_positive"], bool))
     title = f"{record['dataset']}/{record['id']}\nclicks of each trajectory (numbered)"
-    return plot_prompts(image, path, clicks=clicks, title=title)
+    return plot_prompts(image, path, clicks=clicks, title=title), image
+
+
+def recorded_target_iou(run_dir) -> float | None:
+    """The ``--target-iou`` recorded in a run directory's manifest (None when not given)."""
+    from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
+
+    try:
+        value = (read_manifest(run_dir).get("config") or {}).get("target_iou")
+    except (OSError, ValueError):
+        return None
+    return None if value is None else float(value)
 
 
 def write_report(run_dir, out_dir=None, *, max_examples: int = 4) -> dict[str, pathlib.Path]:
@@ -235,15 +377,17 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4) -> dict[str, p
     Args:
       run_dir: a ``jaxseg-robust tetris`` run directory.
       out_dir: output folder (default ``RUN_DIR/report``).
-      max_examples: click plots per dataset (instances in record order).
+      max_examples: click (and mask) plots per dataset (instances in record order).
     """
+    from jaxseg_robust.reports.artifacts import read_timings  # noqa: PLC0415
     from jaxseg_robust.reports.figures import plot_curves  # noqa: PLC0415
 
     records = load_run_records(run_dir)
     out = report_folder(run_dir, out_dir)
-    table = tetris_table(records)
+    table = tetris_table(records, target_iou=recorded_target_iou(run_dir), timings=read_timings(run_dir))
     markdown = to_markdown(table)
     paths = write_table_files(out, "tetris", markdown, to_csv(table))
+    paths["ious_csv"] = write_click_csv(out / CLICK_CSV, records)
     parts = ["# TETRIS click robustness", "", markdown, ""]
     by_dataset: dict[str, list] = {}
     for record in records:
@@ -257,12 +401,20 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4) -> dict[str, p
         parts += [f"## {dataset}", "", f"![mIoU per click]({paths[key].name})", ""]
         for record in ok[:max_examples]:
             key = f"clicks_{name}_{safe_name(record['id'])}"
-            path = _click_plot(record, table.trajectories, out / f"{key}.png")
-            if path is not None:
+            drawn = _click_plot(record, table.trajectories, out / f"{key}.png")
+            if drawn is not None:
+                path, image = drawn
                 paths[key] = path
                 parts += [f"![{record['id']}]({path.name})", ""]
+                key = f"masks_{name}_{safe_name(record['id'])}"
+                path = _mask_plot(run_dir, record, image, table.trajectories, out / f"{key}.png")
+                if path is not None:
+                    paths[key] = path
+                    parts += [f"![{record['id']} predicted masks]({path.name})", ""]
+    parts += [f"Per-instance, per-click IoU and BIoU: [{CLICK_CSV}]({CLICK_CSV}).", ""]
     return write_report_page(out, parts, records, paths)
 
 
-__all__ = ["PROTOCOL", "TRAJECTORIES", "TetrisRow", "TetrisTable", "tetris_table", "to_markdown", "to_csv",
-           "mean_curves", "safe_name", "failed_lines", "write_report"]
+__all__ = ["PROTOCOL", "TRAJECTORIES", "NOC_THRESHOLDS", "NOF_THRESHOLDS", "CLICK_CSV", "TetrisRow", "TetrisTable",
+           "threshold_label", "table_thresholds", "tetris_table", "to_markdown", "to_csv", "mean_curves", "click_rows",
+           "write_click_csv", "recorded_target_iou", "safe_name", "failed_lines", "write_report"]

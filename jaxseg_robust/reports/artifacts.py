@@ -1,0 +1,163 @@
+"""Per-instance side files of a run directory: predicted masks and protocol timings.
+
+Records (``records*.jsonl``) hold numbers only and no timings, so that the
+same instance gives the same line in an uninterrupted run and after a resume.
+What a report needs beyond them is written by the prompt commands beside the
+records, one file or line per instance:
+
+  ``RUN_DIR/masks/<dataset>/<id>.<name>.png``
+      a predicted binary mask at the evaluated image size (1-bit PNG: a
+      480 x 640 mask takes a few kB), ``name`` = the trajectory or attack
+      (TETRIS ``min`` / ``max`` / ``baseline``: the mask after the last
+      click; BREPS ``min`` / ``max``: the mask of the best box). Written
+      atomically (temporary file, then rename). ``<dataset>`` and ``<id>``
+      are `file_stem` s: names that are not plain file names get a hash
+      suffix, so two instances never share a file.
+  ``RUN_DIR/timings[.process<k>].jsonl``
+      one JSON line per instance and evaluation: ``dataset``, ``id``,
+      ``batch_seconds`` (host wall time of the jitted batch call, measured
+      after the program for that bucket was compiled: compile time is not
+      included), ``batch_instances`` (real instances in that batch),
+      ``seconds`` (= batch_seconds / batch_instances, the instance's share)
+      and ``clicks`` (clicks computed for the instance over all its
+      trajectories; 0 for protocols without clicks). The last line of an
+      instance wins (a rerun after a kill may time it again).
+
+Run directories written before these files existed simply have neither:
+`read_mask` returns None and `read_timings` an empty mapping, and the
+reports leave the mask overlays and the timing columns out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pathlib
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+MASKS_DIR = "masks"
+TIMINGS_GLOB = "timings*.jsonl"
+_PLAIN = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def file_stem(text: str) -> str:
+    """``text`` itself when it is a plain file name (letters, digits, ``._-``), else a safe name + hash.
+
+    Distinct texts give distinct stems (``"a b"`` -> ``a_b-<8 hex>``, ``"a_b"`` -> ``a_b``).
+    """
+    text = str(text)
+    if _PLAIN.fullmatch(text) and text not in (".", ".."):
+        return text
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "x"
+    return f"{safe}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
+
+
+def mask_path(run_dir, key: tuple[str, str], name: str) -> pathlib.Path:
+    """``RUN_DIR/masks/<dataset>/<id>.<name>.png`` of instance ``key`` = (dataset, id)."""
+    return pathlib.Path(run_dir) / MASKS_DIR / file_stem(key[0]) / f"{file_stem(key[1])}.{file_stem(name)}.png"
+
+
+def write_mask(run_dir, key: tuple[str, str], name: str, mask) -> pathlib.Path:
+    """Writes a bool[H, W] mask as a 1-bit PNG (atomically); returns its path."""
+    from PIL import Image  # noqa: PLC0415
+
+    array = np.asarray(mask)
+    if array.ndim != 2:
+        raise ValueError(f"mask {name!r} of {key[0]}/{key[1]} must be 2-D; got shape {array.shape}")
+    path = mask_path(run_dir, key, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    Image.fromarray(array.astype(bool)).save(buffer, format="PNG", optimize=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(buffer.getvalue())
+    os.replace(temporary, path)
+    return path
+
+
+def read_mask(run_dir, key: tuple[str, str], name: str, size: tuple[int, int] | None = None) -> np.ndarray | None:
+    """The bool[H, W] mask written by `write_mask`, or None (never written, unreadable, or not of ``size``)."""
+    from PIL import Image  # noqa: PLC0415
+
+    path = mask_path(run_dir, key, name)
+    try:
+        with Image.open(path) as image:
+            mask = np.asarray(image.convert("1"), bool)
+    except (OSError, ValueError):
+        return None
+    if size is not None and mask.shape != tuple(int(v) for v in size):
+        return None
+    return mask
+
+
+def store_masks(run_dir, instance, outputs: Mapping, top_level: str | None = None) -> dict:
+    """Moves predicted masks out of one instance's outputs into `write_mask` files; returns the rest.
+
+    Args:
+      run_dir: the run directory.
+      instance: the loaded instance (``key``, ``size`` (H, W)).
+      outputs: its slot of the batch outputs; every sub-mapping ``outputs[name]`` with a
+        ``"mask"`` [Hf, Wf] entry gives the file ``<id>.<name>.png``.
+      top_level: the name of a top-level ``outputs["mask"]`` (a single-trajectory protocol), or None.
+
+    Returns:
+      ``outputs`` without the masks (each mask cropped to the instance's size and written).
+    """
+    height, width = (int(v) for v in instance.size)
+    payload = dict(outputs)
+    if top_level is not None and "mask" in payload:
+        write_mask(run_dir, instance.key, top_level, np.asarray(payload.pop("mask"))[:height, :width])
+    for name, part in list(payload.items()):
+        if isinstance(part, Mapping) and "mask" in part:
+            part = dict(part)
+            write_mask(run_dir, instance.key, name, np.asarray(part.pop("mask"))[:height, :width])
+            payload[name] = part
+    return payload
+
+
+def timings_path(run_dir, process_index: int = 0) -> pathlib.Path:
+    """``RUN_DIR/timings.jsonl`` (process 0) or ``RUN_DIR/timings.process<k>.jsonl``."""
+    suffix = "" if not process_index else f".process{int(process_index)}"
+    return pathlib.Path(run_dir) / f"timings{suffix}.jsonl"
+
+
+def timing_line(key: tuple[str, str], batch_seconds: float, batch_instances: int, clicks: int) -> dict:
+    """One timing entry (see the module docstring)."""
+    batch_instances = max(int(batch_instances), 1)
+    return {"dataset": key[0], "id": key[1], "batch_seconds": float(batch_seconds),
+            "batch_instances": batch_instances, "seconds": float(batch_seconds) / batch_instances,
+            "clicks": int(clicks)}
+
+
+def append_timing(run_dir, entry: Mapping, process_index: int = 0) -> None:
+    """Appends one `timing_line` to the process's timings file (one ``write`` of one line)."""
+    path = timings_path(run_dir, process_index)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(dict(entry), sort_keys=True) + "\n")
+
+
+def read_timings(run_dir) -> dict[tuple[str, str], dict]:
+    """(dataset, id) -> the last timing entry of every timings file; ``{}`` when there is none.
+
+    Lines that are cut off (a kill mid-write) or malformed are skipped: a
+    timing only feeds the report's seconds columns.
+    """
+    timings: dict[tuple[str, str], dict] = {}
+    for path in sorted(pathlib.Path(run_dir).glob(TIMINGS_GLOB)):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+                key = (str(entry["dataset"]), str(entry["id"]))
+                float(entry["seconds"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            timings[key] = entry
+    return timings
+
+
+__all__ = ["MASKS_DIR", "file_stem", "mask_path", "write_mask", "read_mask", "store_masks", "timings_path",
+           "timing_line", "append_timing", "read_timings"]
