@@ -132,7 +132,7 @@ def write_breps_report(run_dir, out_dir, *, max_examples: int = 4) -> dict[str, 
             parts += [f"![{record['id']}]({paths[key].name})", ""]
             panels = _breps_mask_panels(run_dir, record, image, mode)
             if panels:
-                key = f"masks_{safe_name(record['dataset'])}_{safe_name(record['id'])}"
+                key = f"masks_{file_stem(record['dataset'], record['id'])}"
                 paths[key] = plot_mask_panels(image, panels, out / f"{key}.png",
                                               title=f"{record['dataset']}/{record['id']}: predicted mask of each "
                                                     "attack's box")

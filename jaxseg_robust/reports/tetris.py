@@ -47,6 +47,7 @@ import numpy as np
 
 from jaxseg_robust.reports.report_files import (
     failed_lines,
+    file_stem,
     load_run_records,
     report_folder,
     safe_name,
@@ -400,13 +401,13 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4) -> dict[str, p
         paths[key] = plot_curves(curves, out / f"{key}.png", title=f"{dataset}: mIoU per click ({len(ok)} instances)")
         parts += [f"## {dataset}", "", f"![mIoU per click]({paths[key].name})", ""]
         for record in ok[:max_examples]:
-            key = f"clicks_{name}_{safe_name(record['id'])}"
+            key = f"clicks_{file_stem(dataset, record['id'])}"
             drawn = _click_plot(record, table.trajectories, out / f"{key}.png")
             if drawn is not None:
                 path, image = drawn
                 paths[key] = path
                 parts += [f"![{record['id']}]({path.name})", ""]
-                key = f"masks_{name}_{safe_name(record['id'])}"
+                key = f"masks_{file_stem(dataset, record['id'])}"
                 path = _mask_plot(run_dir, record, image, table.trajectories, out / f"{key}.png")
                 if path is not None:
                     paths[key] = path
