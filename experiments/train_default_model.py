@@ -33,7 +33,7 @@ Optimiser: AdamW (weight decay 0.05 on kernels), global-norm clipping 1.0,
 linear warm-up then cosine decay. Checkpoints (params + optimiser state +
 step, a flat ``.npz``) are written every ``--ckpt-every`` steps and training
 resumes from the latest one. ``--export`` writes the package-data directory
-(``config.json`` + ``params.npz`` via `ports.store.save_npz`) and, with
+(``config.json`` + ``params.npz`` via `jaxseg_robust.models.store.save_npz`) and, with
 ``--eval-instances``, ``metrics.json`` (held-out synthetic instances,
 `jaxseg_robust.models.sam.demo.evaluate_instances`).
 
@@ -397,7 +397,7 @@ def _per_family(records) -> dict:
 def export(params, out_dir: pathlib.Path, *, config=DEMO_CONFIG, eval_instances: int = 0,
            eval_seed: int = EVAL_SEED, train_info: dict | None = None, log=print) -> dict:
     """Writes the package-data model directory and (optionally) its ``metrics.json``."""
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
     store.save_npz(out_dir, params, family=config.family, variant=config.variant, config=config.to_dict(),
                    overwrite=True)
     result = {}

@@ -48,7 +48,7 @@ def _unavailable(name: str, err: Exception):
 def main(argv: list[str] | None = None) -> int:
     """Parses ``argv`` and runs the family's port; returns the exit code."""
     from ports.keytable import PortError  # noqa: PLC0415
-    from ports.store import StoreError  # noqa: PLC0415
+    from jaxseg_robust.models.store import StoreError  # noqa: PLC0415
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -160,7 +160,7 @@ def convert_clickability(state_dict: Mapping[str, np.ndarray], config=None, *,
 
 def port_clickability(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
                       overwrite: bool = False) -> str:
-    """Reads the official ``.pth``, converts it strictly and saves it with `ports.store`.
+    """Reads the official ``.pth``, converts it strictly and saves it with `jaxseg_robust.models.store`.
 
     Args:
       checkpoint: path of ``clickability_model.pth`` (or an ablation ``_{sigma}`` file).
@@ -171,7 +171,7 @@ def port_clickability(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
       The output directory.
     """
     from jaxseg_robust.models.clickability.model import FAMILY, SEGNEXT_B  # noqa: PLC0415
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
     from ports.torch_checkpoint import load_state_dict  # noqa: PLC0415
 
     checkpoint = os.fspath(checkpoint)

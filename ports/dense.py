@@ -5,7 +5,7 @@ Command line (``ports/__main__.py`` lists this module as family ``dense``)::
     python -m ports dense u2netp    [--onnx u2netp.onnx] --out DIR [--overwrite]
     python -m ports dense deeplabv3 --checkpoint deeplabv3_resnet50_coco-cd0a2569.pth --out DIR
 
-The converted directory (`ports.store`: orbax params + config.json) is read
+The converted directory (`jaxseg_robust.models.store`: orbax params + config.json) is read
 back at run time by ``jaxseg_robust.models.dense.load_converted`` without
 onnx or torch.
 
@@ -364,7 +364,7 @@ def port_u2netp(onnx_path: str | os.PathLike | None, out_dir: str | os.PathLike,
       PortError: the graph is not U²-Net-p.
     """
     from jaxseg_robust.models.dense.u2net import FAMILY, U2NETP  # noqa: PLC0415
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
 
     if onnx_path is None:
         onnx_path = find_u2netp_onnx()
@@ -477,7 +477,7 @@ def port_deeplabv3(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
       The output directory (family "deeplabv3").
     """
     from jaxseg_robust.models.dense.deeplabv3 import FAMILY  # noqa: PLC0415
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
     from ports.torch_checkpoint import load_state_dict  # noqa: PLC0415
 
     checkpoint = os.fspath(checkpoint)

@@ -279,13 +279,13 @@ def convert_mobile_sam(state_dict: Mapping[str, np.ndarray], config=None, *,
 
 def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
                     overwrite: bool = False) -> str:
-    """Reads a MobileSAM ``.pt``, converts it strictly, saves it with `ports.store`.
+    """Reads a MobileSAM ``.pt``, converts it strictly, saves it with `jaxseg_robust.models.store`.
 
     Returns:
       The output directory (family "sam", variant "mobile_sam").
     """
     from jaxseg_robust.models.sam.registry import MOBILE_SAM_CONFIG  # noqa: PLC0415
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
     from ports.torch_checkpoint import load_state_dict  # noqa: PLC0415
 
     checkpoint = os.fspath(checkpoint)

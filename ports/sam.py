@@ -392,7 +392,7 @@ def check_official_keys(state_dict: Mapping[str, np.ndarray], official: Mapping[
 
 def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
                     variant: str = "auto", overwrite: bool = False) -> str:
-    """Reads an official SAM ``.pth``, converts it strictly, and saves it with `ports.store`.
+    """Reads an official SAM ``.pth``, converts it strictly, and saves it with `jaxseg_robust.models.store`.
 
     Args:
       checkpoint: path of the official checkpoint.
@@ -404,7 +404,7 @@ def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *
       The output directory.
     """
     from jaxseg_robust.models.sam.registry import SAM_CONFIGS  # noqa: PLC0415
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
     from ports.torch_checkpoint import load_state_dict  # noqa: PLC0415
 
     if variant != "auto" and variant not in VARIANTS:

@@ -146,7 +146,7 @@ def convert_sam_hq(state_dict: Mapping[str, np.ndarray], config, *,
 
 def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
                     variant: str = "auto", overwrite: bool = False) -> str:
-    """Reads an official SAM-HQ ``.pth``, converts it strictly, saves it with `ports.store`.
+    """Reads an official SAM-HQ ``.pth``, converts it strictly, saves it with `jaxseg_robust.models.store`.
 
     Args:
       checkpoint: path of the official checkpoint.
@@ -158,7 +158,7 @@ def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *
       The output directory (family "sam_hq").
     """
     from jaxseg_robust.models.sam.registry import SAM_HQ_CONFIGS  # noqa: PLC0415
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
     from ports.torch_checkpoint import load_state_dict  # noqa: PLC0415
 
     if variant != "auto" and variant not in VARIANTS:

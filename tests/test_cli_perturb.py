@@ -24,7 +24,7 @@ from jaxseg_robust.commands.perturb import parse_attacks, parse_epsilon
 from jaxseg_robust.models.dense import DeepLabV3Dense, U2NetDense
 from jaxseg_robust.reports import perturb as report
 from jaxseg_robust.runner.records import read_run_records
-from ports import store
+from jaxseg_robust.models import store
 
 from dense_configs import TINY_DEEPLAB, TINY_U2NET
 

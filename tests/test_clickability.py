@@ -25,7 +25,7 @@ from jaxseg_robust.models.clickability import (
 from jaxseg_robust.models.clickability.ham_head import nmf_bases_init, nmf_reconstruct
 from jaxseg_robust.models.clickability.layers import BatchNorm2d
 from jaxseg_robust.models.clickability.resize import align_corners_taps, upsample_align_corners
-from ports import store
+from jaxseg_robust.models import store
 from ports.clickability import BASES_KEY, convert_clickability, prepare_state_dict
 from ports.keytable import PortError
 

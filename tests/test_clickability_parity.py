@@ -50,7 +50,7 @@ from jaxseg_robust.models.clickability import train as T  # noqa: E402
 from ports import clickability as clickability_port  # noqa: E402
 from ports.clickability import convert_clickability, port_clickability  # noqa: E402
 from ports.keytable import PortError  # noqa: E402
-from ports.store import StoreError  # noqa: E402
+from jaxseg_robust.models.store import StoreError  # noqa: E402
 from ports.torch_checkpoint import load_state_dict  # noqa: E402
 
 pytestmark = pytest.mark.parity

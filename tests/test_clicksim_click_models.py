@@ -80,7 +80,7 @@ def test_load_click_model_and_zoo_entry(tmp_path):
         CM.load_click_model("no_such_model")
     with pytest.raises(ValueError, match="baseline"):
         CM.load_click_model("dt", random_seed=1)
-    from ports import store
+    from jaxseg_robust.models import store
     store.save(tmp_path / "cm", loaded.params, family="clickability", variant="tiny", config=TINY.to_dict())
     from_dir = CM.load_click_model(tmp_path / "cm")
     assert from_dir.model.config == TINY

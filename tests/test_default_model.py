@@ -24,7 +24,7 @@ from jaxseg_robust.models import zoo
 from jaxseg_robust.models.sam.demo import DEMO_CONFIG, evaluate_instance, evaluate_instances
 from jaxseg_robust.models.sam.registry import TINY_CONFIG
 from jaxseg_robust.models.sam.segmenter import SamSegmenter
-from ports import store
+from jaxseg_robust.models import store
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WEIGHTS = REPO / "jaxseg_robust" / "models" / "weights" / zoo.DEFAULT_MODEL

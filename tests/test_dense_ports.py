@@ -20,7 +20,7 @@ from flax import traverse_util
 from jaxseg_robust.models import dense
 from jaxseg_robust.models.dense.deeplabv3 import DeepLabV3Config
 from jaxseg_robust.models.dense.u2net import U2NETP, U2NetConfig
-from ports import store
+from jaxseg_robust.models import store
 from ports.dense import (GRAPH_INPUT, OnnxGraph, OnnxNode, add_arguments, convert_deeplabv3,
                          convert_u2netp, deeplabv3_config_from_state_dict,
                          drop_batchnorm_counters, name_u2net_initializers, run, u2net_conv_plan,

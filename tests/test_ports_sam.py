@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxseg_robust.models.sam.registry import SAM_CONFIGS, TINY_CONFIG
-from ports import store
+from jaxseg_robust.models import store
 from ports.__main__ import main as ports_main
 from ports.keytable import PortError
 from ports.sam import convert_sam, infer_variant, official_sam_shapes

@@ -11,7 +11,7 @@ import pytest
 
 from jaxseg_robust.models import zoo
 from jaxseg_robust.models.sam.registry import SAM_CONFIGS, TINY_CONFIG
-from ports import store
+from jaxseg_robust.models import store
 
 
 def test_known_names_and_lookup():

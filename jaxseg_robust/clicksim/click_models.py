@@ -275,7 +275,7 @@ def load_click_model(spec: str | os.PathLike, *, random_seed: int | None = None,
       config: with ``random_seed``: the network configuration (default: the zoo's).
     Raises:
       ValueError: an unknown name; FileNotFoundError: the named weights were not
-      converted (the message gives the port command); ports.store.StoreError: a
+      converted (the message gives the port command); jaxseg_robust.models.store.StoreError: a
       damaged directory.
     """
     text = os.fspath(spec)

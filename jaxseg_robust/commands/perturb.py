@@ -204,7 +204,7 @@ def load_target(name_or_dir: str, *, random_init: bool = False, multimask_output
 
     Raises:
       ValueError: unknown name, or ``--random-init`` with something other than a zoo name.
-      FileNotFoundError / ports.store.StoreError: missing or damaged weights.
+      FileNotFoundError / jaxseg_robust.models.store.StoreError: missing or damaged weights.
     """
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
@@ -213,7 +213,7 @@ def load_target(name_or_dir: str, *, random_init: bool = False, multimask_output
     from jaxseg_robust.models.dense import deeplabv3, u2net  # noqa: PLC0415
     from jaxseg_robust.models.dense.prompted import PromptedSegmenter  # noqa: PLC0415
     from jaxseg_robust.runner.fingerprints import fingerprint_params  # noqa: PLC0415
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
 
     path = pathlib.Path(os.path.expanduser(name_or_dir))
     if random_init:

@@ -198,10 +198,10 @@ def load_params(name_or_dir: str | os.PathLike, *, compute_dtype: str | None = N
       (segmenter, params pytree of jax arrays, meta dict from config.json).
 
     Raises:
-      see `resolve`; `ports.store.StoreError` for damaged directories or
+      see `resolve`; `jaxseg_robust.models.store.StoreError` for damaged directories or
       parameters that do not match the config.
     """
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
 
     path = resolve(name_or_dir)
     params, meta = store.load(path)

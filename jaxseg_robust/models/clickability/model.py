@@ -251,10 +251,10 @@ def load_converted(model_dir: str | os.PathLike) -> tuple[ClickabilityConfig, di
       (config, variables {"params", "batch_stats", "buffers"} of numpy float32 arrays).
 
     Raises:
-      ports.store.StoreError: missing/damaged directory, another family, or
+      jaxseg_robust.models.store.StoreError: missing/damaged directory, another family, or
         variables that do not match the config's model.
     """
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
 
     variables, meta = store.load(model_dir)
     if meta["family"] != FAMILY:

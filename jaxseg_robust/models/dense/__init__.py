@@ -30,10 +30,10 @@ def load_converted(model_dir: str | os.PathLike):
       (model: DenseModel, variables: nested dict of numpy float32 arrays).
 
     Raises:
-      ports.store.StoreError: missing/damaged directory or an unknown family.
+      jaxseg_robust.models.store.StoreError: missing/damaged directory or an unknown family.
     """
     from jaxseg_robust.models.dense import deeplabv3, u2net  # noqa: PLC0415
-    from ports import store  # noqa: PLC0415
+    from jaxseg_robust.models import store  # noqa: PLC0415
 
     family = store.read_meta(model_dir)["family"]
     loaders = {u2net.FAMILY: u2net.load_converted, deeplabv3.FAMILY: deeplabv3.load_converted}

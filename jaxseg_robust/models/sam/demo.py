@@ -5,7 +5,7 @@ encoder and two-way mask decoder at reduced widths and depths) trained by
 ``experiments/train_default_model.py`` on the synthetic shapes of
 `jaxseg_robust.data.synthetic` with point and box prompts. Its weights ship as
 package data in ``jaxseg_robust/models/weights/sam_demo/`` (``config.json`` +
-``params.npz``, see `ports.store`). It is a **demonstration model**: it lets
+``params.npz``, see `jaxseg_robust.models.store`). It is a **demonstration model**: it lets
 the tool run out of the box, on CPU, in seconds; real evaluations use ported
 official checkpoints (``python -m ports ...``).
 
