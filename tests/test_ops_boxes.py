@@ -480,3 +480,35 @@ def test_gamma_log_prob_parity_with_torch():
     # (k-1)/x - 1/theta cancels near the mode (terms ~8.3): atol = a few f32 ulps of the terms.
     np.testing.assert_allclose(np.asarray(jax.grad(lambda v: boxes.gamma_log_prob(v).sum())(x[1:])),
                                xt.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lanes", [1, 3, 8, 16, 64])
+def test_ciou_of_a_box_with_itself_is_exactly_zero_in_every_program_width(lanes):
+    """X(tight, tight) == 0 whatever the vmap width: the BREPS realism term must stay off at iterate 0.
+
+    Before the fix, XLA's fused multiply-adds and lane-dependent atan gave ~2e-23 for some of these
+    boxes (the tight boxes of four GrabCut images in SAM's frame) at 16 lanes and 0 at 1 lane.
+    """
+    tight = np.array([[15.434511, 13.317757, 224.59875, 159.81308], [45.239086, 48.476635, 251.20998, 170.46729],
+                      [8.515593, 31.429905, 185.21414, 149.69157], [26.102802, 6.3866944, 144.89719, 255.46777]],
+                     np.float32)
+    rng = np.random.default_rng(lanes)
+    random = rng.uniform(0, 500, (lanes, 4)).astype(np.float32)
+    random[:, 2:] += random[:, :2] + rng.uniform(2, 50, (lanes, 2)).astype(np.float32)
+    batch = np.concatenate([np.resize(tight, (lanes, 4)), random])
+    loss = jax.jit(jax.vmap(boxes.breps_ciou_loss))(batch, batch)
+    np.testing.assert_array_equal(np.asarray(loss), 0.0)
+    realism_grad = jax.jit(jax.vmap(jax.grad(
+        lambda b, t: boxes.breps_realism_log_prob(boxes.breps_ciou_loss(b, t)))))(batch, batch)
+    np.testing.assert_array_equal(np.asarray(realism_grad), 0.0)
+
+
+def test_self_iou_rounding_rule_matches_float32_addition():
+    """`_adding_leaves_unchanged` equals fl(a + eps) == a, evaluated in NumPy (no fused multiply-add)."""
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.uniform(0, 4, 20000), rng.uniform(0, 1e6, 20000),
+                             [1.0, 2.0, 2.0 - 2 ** -23, 4.0, 0.5, 1e-8, 0.0]]).astype(np.float32)
+    for eps in (1e-7, 2 ** -24, 2 ** -22, 0.5):
+        expected = (values + np.float32(eps) == values) & (values > 0)
+        got = np.asarray(jax.jit(lambda v: boxes._adding_leaves_unchanged(v, eps))(values))
+        np.testing.assert_array_equal(got, expected, err_msg=f"eps={eps}")

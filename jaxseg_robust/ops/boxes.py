@@ -229,13 +229,13 @@ def complete_box_iou_loss(boxes1, boxes2, *, eps: float = CIOU_EPS) -> jnp.ndarr
     inter = jnp.where(overlaps, (inter_x2 - inter_x1) * (inter_y2 - inter_y1), 0.0)
     union = (x2 - x1) * (y2 - y1) + (x2g - x1g) * (y2g - y1g) - inter
     iou = _divide_finite_grad(inter, union + eps)
-    # A box compared with itself: torch's IoU is fl(A / fl(A + eps)) = 1 exactly when adding eps
-    # to the area A rounds back to A, and equal aspect ratios give the same arctangent, so the
+    # An ordered box compared with itself: torch's IoU is fl(A / fl(A + eps)) = 1 exactly when
+    # adding eps to the area A rounds back to A (an unordered one has no intersection: IoU 0), and equal aspect ratios give the same arctangent, so the
     # loss is exactly 0. XLA may contract the area products into fused multiply-adds and evaluate
     # atan with different code in vectorised and scalar lanes, which left ~1e-23 instead of 0
     # depending on the batch width; both identities are therefore imposed from the inputs' bits.
     identical = jnp.all(boxes1 == boxes2, axis=-1)
-    iou = jnp.where(identical & _adding_leaves_unchanged((x2 - x1) * (y2 - y1), eps), 1.0, iou)
+    iou = jnp.where(identical & overlaps & _adding_leaves_unchanged((x2 - x1) * (y2 - y1), eps), 1.0, iou)
 
     enclosing_x1 = jnp.minimum(x1, x1g)
     enclosing_y1 = jnp.minimum(y1, y1g)
