@@ -25,7 +25,8 @@ from jaxseg_robust.runner.progress import make_progress
 
 PAIRS_PER_MASK = 4
 CANVAS_LADDER = (256, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 2560, 3072, 4096)
-MAX_CANVAS_WASTE = 2.0
+COMPILE_SECONDS = 2.5  # one chunk program, XLA on the 2-core CPU
+WORD_SECONDS = 4e-8  # device time per packed word of a mask (erosion, counts, pairs), same CPU
 
 
 class ImageWork(NamedTuple):
@@ -65,22 +66,28 @@ def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
-def canvas_classes(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def canvas_classes(sizes: list[tuple[int, int]], masks_per_image: list[int] | None = None) -> list[tuple[int, int]]:
     """The canvas ``(height, width)`` each image is padded into.
 
-    One canvas (the largest height and width, rounded up to 32) when that
-    pads the images by at most ``MAX_CANVAS_WASTE`` in total area (one
-    compile); otherwise each side rounded up on ``CANVAS_LADDER`` (a few
-    compiles, bounded waste).
+    Either one canvas (the largest height and width, rounded up to 32: one
+    compiled program) or each side rounded up on ``CANVAS_LADDER`` (a few
+    programs, less padding), whichever the cost model finds cheaper:
+    ``COMPILE_SECONDS`` per program against ``WORD_SECONDS`` per packed word
+    of every mask (both measured on the 2-core CPU; on a GPU the single
+    canvas wins even more often).
     """
     if not sizes:
         return []
+    masks_per_image = masks_per_image or [1] * len(sizes)
     heights, widths = zip(*sizes)
     single = (_round_up(max(heights), 32), _round_up(max(widths), 32))
-    pixels = sum(h * w for h, w in sizes)
-    if single[0] * single[1] * len(sizes) <= MAX_CANVAS_WASTE * pixels:
-        return [single] * len(sizes)
-    return [(_ladder(h), _ladder(w)) for h, w in sizes]
+    ladder = [(_ladder(h), _ladder(w)) for h, w in sizes]
+
+    def cost(canvases):
+        words = sum(n * packed_words(h) * w for n, (h, w) in zip(masks_per_image, canvases))
+        return COMPILE_SECONDS * len(set(canvases)) + WORD_SECONDS * words
+
+    return [single] * len(sizes) if cost([single] * len(sizes)) <= cost(ladder) else ladder
 
 
 class _Chunk(NamedTuple):
@@ -97,7 +104,7 @@ def _pow2(value: int) -> int:
 
 def plan_chunks(works: list[ImageWork], settings: CountSettings) -> list[_Chunk]:
     """Chunks of images sharing canvas and boundary width, each within the mask and pair budgets."""
-    canvases = canvas_classes([(w.height, w.width) for w in works])
+    canvases = canvas_classes([(w.height, w.width) for w in works], [len(w.masks) for w in works])
     groups: dict = {}
     for index, work in enumerate(works):
         if work.pairs.size:
@@ -179,4 +186,4 @@ def device_summary() -> str:
 
 
 __all__ = ["ImageWork", "CountSettings", "canvas_classes", "plan_chunks", "count_pairs", "device_summary",
-           "PAIRS_PER_MASK", "CANVAS_LADDER", "MAX_CANVAS_WASTE"]
+           "PAIRS_PER_MASK", "CANVAS_LADDER", "COMPILE_SECONDS", "WORD_SECONDS"]
