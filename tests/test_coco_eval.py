@@ -73,6 +73,16 @@ def test_decode_into_packed_words_matches_pycocotools_decode():
     assert (out[-1] == 0xAAAAAAAA).all()  # slots beyond the masks are left alone
 
 
+def test_many_strings_at_once_equal_one_at_a_time():
+    masks = _random_masks(4) + _random_masks(5)
+    strings = [mask_utils.encode(np.asfortranarray(m.astype(np.uint8)))["counts"] for m in masks]
+    together = coco_rle.strings_runs(strings)
+    for string, runs, mask in zip(strings, together, masks):
+        assert coco_rle.runs_to_string(runs) == string.decode("ascii") and runs.sum() == mask.size
+    with pytest.raises(ValueError, match="string 2: the last number is truncated"):
+        coco_rle.strings_runs(strings[:2] + ["5c"] + strings[2:])
+
+
 @pytest.mark.parametrize("bad", ["zzzz", "0!", "5c"])
 def test_malformed_rle_strings_are_refused(bad):
     with pytest.raises(ValueError):

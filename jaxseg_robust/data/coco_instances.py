@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from jaxseg_robust.data.coco_rle import foreground_pixels, string_runs
+from jaxseg_robust.data.coco_rle import foreground_pixels, string_runs, strings_runs
 
 COCO_EXTRA_HINT = "pip install 'jaxseg_robust[coco]' (or: pip install pycocotools)"
 
@@ -124,8 +124,10 @@ def read_json(source, what: str):
 
 # ---- RLE checks ----------------------------------------------------------------------------------
 
-def checked_runs(rle: Mapping, height: int, width: int) -> np.ndarray:
+def checked_runs(rle: Mapping, height: int, width: int, parsed: np.ndarray | None = None) -> np.ndarray:
     """The run lengths of an RLE dict, checked against an ``height x width`` image.
+
+    ``parsed``: the runs of a compressed string already read (`strings_runs`).
 
     Raises:
       ValueError: wrong ``size``, unreadable counts, a negative run, or runs
@@ -135,7 +137,9 @@ def checked_runs(rle: Mapping, height: int, width: int) -> np.ndarray:
     if not isinstance(size, (list, tuple)) or len(size) != 2 or [int(v) for v in size] != [height, width]:
         raise ValueError(f"RLE size {size!r} differs from the image's [{height}, {width}]")
     counts = rle.get("counts")
-    if isinstance(counts, (str, bytes)):
+    if parsed is not None:
+        runs = parsed
+    elif isinstance(counts, (str, bytes)):
         runs = string_runs(counts)
     elif isinstance(counts, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
         runs = np.asarray(counts, np.int64)
@@ -148,7 +152,7 @@ def checked_runs(rle: Mapping, height: int, width: int) -> np.ndarray:
     return runs
 
 
-def to_runs(segmentation, height: int, width: int) -> np.ndarray:
+def to_runs(segmentation, height: int, width: int, parsed: np.ndarray | None = None) -> np.ndarray:
     """A segmentation (polygons, uncompressed or compressed RLE) as checked run lengths (int64).
 
     Polygons are rasterised and merged by pycocotools as the official
@@ -166,7 +170,20 @@ def to_runs(segmentation, height: int, width: int) -> np.ndarray:
         return string_runs(rle["counts"])
     if not isinstance(segmentation, Mapping):
         raise ValueError(f"segmentation must be polygons or an RLE dict, got {type(segmentation).__name__}")
-    return checked_runs(segmentation, height, width)
+    return checked_runs(segmentation, height, width, parsed)
+
+
+def _parse_result_strings(results: list) -> dict:
+    """results index -> runs of every compressed-string segmentation, read in one vectorised pass."""
+    items = [(index, r["segmentation"]["counts"]) for index, r in enumerate(results)
+             if isinstance(r["segmentation"], Mapping) and isinstance(r["segmentation"].get("counts"), (str, bytes))]
+    try:
+        parsed = strings_runs([counts for _, counts in items])
+    except ValueError as error:
+        position, why = str(error).split(": ", 1)
+        index = items[int(position.split()[1])][0]
+        raise CocoFormatError(f"results[{index}] (image {results[index]['image_id']!r}): {why}") from None
+    return {index: runs for (index, _), runs in zip(items, parsed)}
 
 
 # ---- ground truth ----------------------------------------------------------------------------------
@@ -310,11 +327,12 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
         box_area = bool(results) and bool(results[0].get("bbox"))
     by_image: dict = {image_id: [] for image_id in gt.images}
     every, unknown = [], {}
+    parsed = _parse_result_strings(results)
     for index, result in enumerate(results):
         label = f"results[{index}] (image {result['image_id']!r})"
         height, width = gt.images[result["image_id"]]
         try:
-            runs = to_runs(result["segmentation"], height, width)
+            runs = to_runs(result["segmentation"], height, width, parsed.get(index))
         except ValueError as error:
             raise CocoFormatError(f"{label}: {error}") from None
         area = _box_area(result, label) if box_area else float(foreground_pixels(runs))
