@@ -248,7 +248,10 @@ def _panoptic_pair(photo, rng, things: list, stuff_ids: list, pool: list):
     objects = list(photo["objects"]) + [(borrowed(pool[int(rng.integers(len(pool)))], h, w, rng), None)
                                         for _ in range(int(rng.integers(0, 3)))]
     for mask, name in objects:
-        category = things[int(rng.integers(len(things)))] if name is None else things[zlib.crc32(name.encode()) % len(things)]
+        if name is None:
+            category = things[int(rng.integers(len(things)))]
+        else:
+            category = things[zlib.crc32(name.encode()) % len(things)]
         segment_id = int(rng.integers(1, 2**24))
         gt_ids[mask] = segment_id
         gt_segments.append({"id": segment_id, "category_id": category, "iscrowd": int(rng.random() < 0.08)})

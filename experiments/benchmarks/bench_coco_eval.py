@@ -107,7 +107,8 @@ def report(name: str, official: dict, ours: dict) -> None:
           f"{official['load + boundaries'] / (ours['load + checks'] + ours['device: decode, bands, counts']):.2f}x")
     print(f"  evaluate+accumulate ratio (official / ours device + match + accumulate): "
           f"{evaluate_official / evaluate_ours:.2f}x")
-    print(f"  end to end: official {total_official:.2f} s, ours {total_ours:.2f} s, ratio {total_official / total_ours:.2f}x")
+    print(f"  end to end: official {total_official:.2f} s, ours {total_ours:.2f} s, "
+          f"ratio {total_official / total_ours:.2f}x")
 
 
 def main() -> None:
@@ -116,7 +117,8 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=6, help="up to this many detections per ground truth")
     parser.add_argument("--batch-size", type=int, default=64, help="masks per device call")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--real-data", default=os.environ.get("JAXSEG_REAL_DATA", str(ROOT.parent / "shared" / "data" / "real")))
+    parser.add_argument("--real-data",
+                        default=os.environ.get("JAXSEG_REAL_DATA", str(ROOT.parent / "shared" / "data" / "real")))
     args = parser.parse_args()
     repo = coco_eval_data.reference_repo()
     if repo is None:
@@ -141,7 +143,8 @@ def main() -> None:
     for stats in (cold_stats, warm_stats):
         difference = np.abs(stats - official_stats).max()
         assert difference <= 1e-6, f"summaries differ by {difference}"
-    print(f"12 numbers: max |ours - official| = {np.abs(cold_stats - official_stats).max():.3g}; AP = {official_stats[0]:.4f}")
+    print(f"12 numbers: max |ours - official| = {np.abs(cold_stats - official_stats).max():.3g}; "
+          f"AP = {official_stats[0]:.4f}")
     report("cold (XLA compilation included)", official_times, cold_times)
     report("warm (programs compiled)", official_times, warm_times)
 

@@ -298,7 +298,8 @@ def _check_result_ids(results: list, gt: GroundTruth) -> None:
     if missing:
         shown = ", ".join(f"{image!r} (results[{index}])" for image, index in list(missing.items())[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise CocoFormatError(f"results hold {len(missing)} image id(s) that are not in the ground truth: {shown}{more}")
+        raise CocoFormatError(f"results hold {len(missing)} image id(s) that are not in the ground truth: "
+                              f"{shown}{more}")
 
 
 def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,

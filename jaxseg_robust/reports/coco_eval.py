@@ -26,7 +26,8 @@ _LVIS_GROUPS = {"APr": "r", "APc": "c", "APf": "f"}
 def _line(kind: int, iou, area: str, max_dets: int, value: float, extra: str = "") -> str:
     title, short = ("Average Precision", "(AP)") if kind else ("Average Recall", "(AR)")
     iou_text = "0.50:0.95" if iou is None else f"{iou:0.2f}"
-    return f" {title:<18} {short} @[ IoU={iou_text:<9} | area={area:>6s} | maxDets={max_dets:>3d}{extra} ] = {value:0.3f}"
+    setting = f"IoU={iou_text:<9} | area={area:>6s} | maxDets={max_dets:>3d}{extra}"
+    return f" {title:<18} {short} @[ {setting} ] = {value:0.3f}"
 
 
 def instance_text(summary: dict, dataset: str, lvis_max_dets: int = 300) -> str:
