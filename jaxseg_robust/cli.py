@@ -28,7 +28,8 @@ EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
 TRACEBACK_ENV_VAR = "JAXSEG_ROBUST_TRACEBACK"
 
 # Sub-command modules under jaxseg_robust.commands, in the order --help lists them.
-COMMAND_MODULES = ("score", "breps", "tetris", "grid", "rclicks", "perturb", "report", "demo")
+COMMAND_MODULES = ("score", "breps", "tetris", "grid", "rclicks", "perturb", "report", "demo", "coco_eval",
+                   "panoptic_eval")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ OUTSIDE_DOCUMENT_NAMES = re.compile(
     r"prompt-attacks(\.md)?\b|perturbation-attacks(\.md)?\b|boundary-iou\.md|spec rclicks\.md|BENCHMARKING\.md")
 DOCS_REFERENCE = re.compile(r"\bdocs/[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.md\b")
 MARKDOWN_LINK = re.compile(r"\]\(([^)#\s]+\.md)(#[^)\s]*)?\)")
-EXPECTED_PROTOCOL_DOCS = ("tetris", "breps", "grids", "rclicks", "perturbation", "boundary_iou")
+EXPECTED_PROTOCOL_DOCS = ("tetris", "breps", "grids", "rclicks", "perturbation", "boundary_iou", "boundary_ap_pq")
 
 
 def _files(root: pathlib.Path, dirs, suffixes=None):

@@ -1,0 +1,358 @@
+"""COCO / LVIS instance-segmentation files: ground truth and detection results, checked and indexed.
+
+Follows docs/protocols/boundary_ap_pq.md ("Input files"). Ground truth is a
+COCO-format JSON (``images`` with ``height``/``width``, ``annotations`` with
+polygon, uncompressed-RLE or compressed-RLE ``segmentation``, ``area`` and
+``iscrowd``, ``categories``); results are a JSON list of ``{image_id,
+category_id, score, segmentation}``. Every mask is kept as its checked run
+lengths (`jaxseg_robust.data.coco_rle`); polygons are rasterised by
+pycocotools' ``frPyObjects`` (the optional extra ``coco``) exactly as the
+official evaluators do, so every mask is bit-identical to theirs.
+
+Every problem the official evaluators would fail on, or silently mishandle,
+raises :class:`CocoFormatError` naming the image, the annotation id or the
+result's position in the file; what they silently skip (detections of unknown
+categories) is reported through ``warn``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import warnings
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from jaxseg_robust.data.coco_rle import foreground_pixels, string_runs, strings_runs
+
+COCO_EXTRA_HINT = "pip install 'jaxseg_robust[coco]' (or: pip install pycocotools)"
+
+
+class CocoFormatError(ValueError):
+    """A ground-truth or results file the evaluators cannot use (the message names the item)."""
+
+
+class CocoEvalWarning(UserWarning):
+    """Something the official evaluators skip silently (e.g. detections of unknown categories)."""
+
+
+def mask_api():
+    """``pycocotools.mask``; ImportError naming the ``coco`` extra when it is missing."""
+    try:
+        import pycocotools.mask as mask_utils  # noqa: PLC0415 - optional dependency
+    except ImportError:
+        raise ImportError(f"COCO-format masks need pycocotools: {COCO_EXTRA_HINT}") from None
+    return mask_utils
+
+
+def default_warn(message: str) -> None:
+    """Emits a :class:`CocoEvalWarning`."""
+    warnings.warn(message, CocoEvalWarning, stacklevel=3)
+
+
+@dataclasses.dataclass
+class Mask:
+    """One annotation's or detection's mask as compressed RLE plus what the evaluators read from it.
+
+    Attributes:
+      runs: int64 [m] run lengths (column-major, background first), covering the image.
+      area: the ``area`` the evaluator uses (ground truth: the file's field;
+        detections: the mask's pixel count, or the box area, see docs).
+      category_id: category; label: what an error message calls it.
+    """
+
+    runs: np.ndarray
+    area: float
+    category_id: object
+    label: str
+
+
+@dataclasses.dataclass
+class GroundTruthMask(Mask):
+    """A ground-truth annotation (``ann_id``; ``crowd`` = iscrowd; ``ignore`` = ignore or iscrowd)."""
+
+    ann_id: object = None
+    crowd: bool = False
+    ignore: bool = False
+
+
+@dataclasses.dataclass
+class Detection(Mask):
+    """A detection (``index``: 0-based position in the results list; ``score``)."""
+
+    index: int = 0
+    score: float = 0.0
+
+
+@dataclasses.dataclass
+class GroundTruth:
+    """An indexed ground-truth file.
+
+    Attributes:
+      images: image id -> (height, width); image_ids: sorted ids.
+      categories: category id -> category dict; category_ids: sorted ids.
+      annotations: image id -> ground-truth masks in file order.
+      dataset: the raw JSON dict (LVIS fields are read from it).
+    """
+
+    images: dict
+    image_ids: list
+    categories: dict
+    category_ids: list
+    annotations: dict
+    dataset: dict
+
+
+# ---- file reading ------------------------------------------------------------------------------
+
+def read_json(source, what: str):
+    """A JSON document from a path, or ``source`` itself when it is already a dict / list."""
+    if isinstance(source, (dict, list)):
+        return source
+    path = pathlib.Path(source)
+    if not path.is_file():
+        raise CocoFormatError(f"{what} {path} does not exist")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CocoFormatError(f"{what} {path} is not readable JSON: {error}") from None
+
+
+# ---- RLE checks ----------------------------------------------------------------------------------
+
+def checked_runs(rle: Mapping, height: int, width: int, parsed: np.ndarray | None = None) -> np.ndarray:
+    """The run lengths of an RLE dict, checked against an ``height x width`` image.
+
+    ``parsed``: the runs of a compressed string already read (`strings_runs`).
+
+    Raises:
+      ValueError: wrong ``size``, unreadable counts, a negative run, or runs
+        that do not cover the image exactly.
+    """
+    size = rle.get("size")
+    if not isinstance(size, (list, tuple)) or len(size) != 2 or [int(v) for v in size] != [height, width]:
+        raise ValueError(f"RLE size {size!r} differs from the image's [{height}, {width}]")
+    counts = rle.get("counts")
+    if parsed is not None:
+        runs = parsed
+    elif isinstance(counts, (str, bytes)):
+        runs = string_runs(counts)
+    elif isinstance(counts, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
+        runs = np.asarray(counts, np.int64)
+    else:
+        raise ValueError(f"RLE counts must be a string or a list of ints, got {type(counts).__name__}")
+    if runs.size and runs.min() < 0:
+        raise ValueError("RLE holds a negative run length")
+    if int(runs.sum()) != height * width:
+        raise ValueError(f"RLE runs cover {int(runs.sum())} pixels, the image has {height * width}")
+    return runs
+
+
+def to_runs(segmentation, height: int, width: int, parsed: np.ndarray | None = None) -> np.ndarray:
+    """A segmentation (polygons, uncompressed or compressed RLE) as checked run lengths (int64).
+
+    Polygons are rasterised and merged by pycocotools as the official
+    ``annToRLE`` does (the only use of pycocotools). Raises ValueError on
+    anything unusable.
+    """
+    if isinstance(segmentation, list):
+        if not segmentation or not all(isinstance(p, list) and len(p) >= 4 for p in segmentation):
+            raise ValueError("polygons must be a non-empty list of coordinate lists")
+        mask_utils = mask_api()
+        try:
+            rle = mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width))
+        except Exception as error:  # noqa: BLE001 - pycocotools raises bare Exceptions on bad polygons
+            raise ValueError(f"polygons unusable: {error}") from None
+        return string_runs(rle["counts"])
+    if not isinstance(segmentation, Mapping):
+        raise ValueError(f"segmentation must be polygons or an RLE dict, got {type(segmentation).__name__}")
+    return checked_runs(segmentation, height, width, parsed)
+
+
+def _parse_result_strings(results: list) -> dict:
+    """results index -> runs of every compressed-string segmentation, read in one vectorised pass."""
+    items = [(index, r["segmentation"]["counts"]) for index, r in enumerate(results)
+             if isinstance(r["segmentation"], Mapping) and isinstance(r["segmentation"].get("counts"), (str, bytes))]
+    try:
+        parsed = strings_runs([counts for _, counts in items])
+    except ValueError as error:
+        position, why = str(error).split(": ", 1)
+        index = items[int(position.split()[1])][0]
+        raise CocoFormatError(f"results[{index}] (image {results[index]['image_id']!r}): {why}") from None
+    return {index: runs for (index, _), runs in zip(items, parsed)}
+
+
+# ---- ground truth ----------------------------------------------------------------------------------
+
+def _number(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CocoFormatError(f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _index_images(dataset: Mapping) -> dict:
+    images = {}
+    for position, image in enumerate(dataset.get("images") or []):
+        if not isinstance(image, Mapping) or "id" not in image:
+            raise CocoFormatError(f"ground truth: images[{position}] has no 'id'")
+        label = f"ground truth: image {image['id']!r}"
+        if image["id"] in images:
+            raise CocoFormatError(f"{label} is listed twice")
+        try:
+            height, width = int(image["height"]), int(image["width"])
+        except (KeyError, TypeError, ValueError):
+            raise CocoFormatError(f"{label} needs integer 'height' and 'width'") from None
+        if height <= 0 or width <= 0:
+            raise CocoFormatError(f"{label} has size {height}x{width}")
+        images[image["id"]] = (height, width)
+    if not images:
+        raise CocoFormatError("ground truth: no images")
+    return images
+
+
+def _index_categories(dataset: Mapping) -> dict:
+    categories = {}
+    for position, category in enumerate(dataset.get("categories") or []):
+        if not isinstance(category, Mapping) or "id" not in category:
+            raise CocoFormatError(f"ground truth: categories[{position}] has no 'id'")
+        if category["id"] in categories:
+            raise CocoFormatError(f"ground truth: category {category['id']!r} is listed twice")
+        categories[category["id"]] = dict(category)
+    if not categories:
+        raise CocoFormatError("ground truth: no categories")
+    return categories
+
+
+def _ground_truth_mask(ann: Mapping, images: dict, categories: dict) -> GroundTruthMask:
+    label = f"ground truth: annotation {ann.get('id')!r} (image {ann.get('image_id')!r})"
+    if ann.get("image_id") not in images:
+        raise CocoFormatError(f"{label}: the image is not in 'images'")
+    if ann.get("category_id") not in categories:
+        raise CocoFormatError(f"{label}: unknown category_id {ann.get('category_id')!r}")
+    if "area" not in ann:
+        raise CocoFormatError(f"{label} has no 'area' (the evaluators read it for the area ranges)")
+    if "segmentation" not in ann:
+        raise CocoFormatError(f"{label} has no 'segmentation'")
+    height, width = images[ann["image_id"]]
+    try:
+        runs = to_runs(ann["segmentation"], height, width)
+    except ValueError as error:
+        raise CocoFormatError(f"{label}: {error}") from None
+    crowd = bool(ann.get("iscrowd", 0))
+    return GroundTruthMask(runs=runs, area=_number(ann["area"], f"{label} 'area'"), category_id=ann["category_id"],
+                           label=label, ann_id=ann["id"], crowd=crowd, ignore=bool(ann.get("ignore", 0)) or crowd)
+
+
+def load_ground_truth(source) -> GroundTruth:
+    """Reads and checks a COCO / LVIS ground-truth file (path or dict).
+
+    Raises:
+      CocoFormatError: naming the image, category or annotation at fault.
+      ImportError: polygons without pycocotools (names the ``coco`` extra).
+    """
+    dataset = read_json(source, "ground-truth file")
+    if not isinstance(dataset, Mapping):
+        raise CocoFormatError(f"ground truth must be a JSON object, got {type(dataset).__name__}")
+    images, categories = _index_images(dataset), _index_categories(dataset)
+    annotations: dict = {image_id: [] for image_id in images}
+    seen = set()
+    for position, ann in enumerate(dataset.get("annotations") or []):
+        if not isinstance(ann, Mapping) or "id" not in ann:
+            raise CocoFormatError(f"ground truth: annotations[{position}] has no 'id'")
+        if ann["id"] in seen:
+            raise CocoFormatError(f"ground truth: annotation id {ann['id']!r} is used twice")
+        seen.add(ann["id"])
+        gt = _ground_truth_mask(ann, images, categories)
+        annotations[ann["image_id"]].append(gt)
+    try:
+        image_ids, category_ids = sorted(images), sorted(categories)
+    except TypeError:
+        raise CocoFormatError("ground truth: image and category ids must be of one sortable type") from None
+    return GroundTruth(images, image_ids, categories, category_ids, annotations, dict(dataset))
+
+
+# ---- results ---------------------------------------------------------------------------------------
+
+def _box_area(result: Mapping, label: str) -> float:
+    box = result.get("bbox")
+    if not isinstance(box, (list, tuple)) or len(box) != 4:
+        raise CocoFormatError(f"{label}: the first result has a 'bbox', so every result needs one "
+                              "(its area is the box area, as the official loader does)")
+    return _number(box[2], f"{label} bbox width") * _number(box[3], f"{label} bbox height")
+
+
+def _check_result_ids(results: list, gt: GroundTruth) -> None:
+    missing = {}
+    for index, result in enumerate(results):
+        if not isinstance(result, Mapping):
+            raise CocoFormatError(f"results[{index}] is not an object")
+        for key in ("image_id", "category_id", "score", "segmentation"):
+            if key not in result:
+                raise CocoFormatError(f"results[{index}] has no {key!r}")
+        if result["image_id"] not in gt.images:
+            missing.setdefault(result["image_id"], index)
+    if missing:
+        shown = ", ".join(f"{image!r} (results[{index}])" for image, index in list(missing.items())[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CocoFormatError(f"results hold {len(missing)} image id(s) that are not in the ground truth: "
+                              f"{shown}{more}")
+
+
+def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
+                    warn: Callable[[str], None] = default_warn) -> tuple[dict, list[Detection]]:
+    """Reads and checks a results file against the ground truth.
+
+    Args:
+      source: path or list of result dicts.
+      gt: the loaded ground truth.
+      box_area: use ``bbox`` w*h as each detection's area (the official loaders
+        do so when the first result has a ``bbox``); None = decide as they do
+        (COCO: a non-empty ``bbox``; the caller passes LVIS' rule explicitly).
+      warn: receives one message per silently skipped group (unknown categories).
+
+    Returns:
+      (image id -> detections of known categories in file order, every detection in file order).
+
+    Raises:
+      CocoFormatError: naming the result by its position (``results[i]``) and its image.
+    """
+    results = read_json(source, "results file")
+    if not isinstance(results, list):
+        raise CocoFormatError(f"results must be a JSON list of detections, got {type(results).__name__}")
+    _check_result_ids(results, gt)
+    if box_area is None:
+        box_area = bool(results) and bool(results[0].get("bbox"))
+    by_image: dict = {image_id: [] for image_id in gt.images}
+    every, unknown = [], {}
+    parsed = _parse_result_strings(results)
+    for index, result in enumerate(results):
+        label = f"results[{index}] (image {result['image_id']!r})"
+        height, width = gt.images[result["image_id"]]
+        try:
+            runs = to_runs(result["segmentation"], height, width, parsed.get(index))
+        except ValueError as error:
+            raise CocoFormatError(f"{label}: {error}") from None
+        area = _box_area(result, label) if box_area else float(foreground_pixels(runs))
+        detection = Detection(runs=runs, area=area, category_id=result["category_id"], label=label, index=index,
+                              score=_number(result["score"], f"{label} 'score'"))
+        every.append(detection)
+        if result["category_id"] in gt.categories:
+            by_image[result["image_id"]].append(detection)
+        else:
+            unknown.setdefault(result["category_id"], []).append(index)
+    if unknown:
+        shown = ", ".join(f"{cat!r} ({len(ix)}, first results[{ix[0]}])" for cat, ix in list(unknown.items())[:5])
+        warn(f"{sum(map(len, unknown.values()))} detection(s) have category ids not in the ground truth and are "
+             f"not evaluated (the official evaluators skip them silently): {shown}")
+    if not results:
+        warn("the results file holds no detections: every AP and AR is 0")
+    return by_image, every
+
+
+__all__ = ["COCO_EXTRA_HINT", "CocoFormatError", "CocoEvalWarning", "mask_api", "default_warn", "Mask",
+           "GroundTruthMask", "Detection", "GroundTruth", "read_json", "checked_runs", "to_runs",
+           "load_ground_truth", "load_detections"]

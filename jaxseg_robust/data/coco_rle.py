@@ -1,0 +1,177 @@
+"""COCO run-length encoding: reading the compressed string, and decoding runs straight into packed bits (host).
+
+Follows docs/protocols/boundary_ap_pq.md ("RLE"). A COCO RLE lists, in
+column-major pixel order, alternating background / foreground run lengths
+(the first run is background). The compressed form writes each run as a
+little-endian sequence of 5-bit groups (characters 48..111; bit 0x20 = more
+groups follow, bit 0x10 of the last group = negative), and run ``i >= 3`` as
+the difference to run ``i - 2`` (pycocotools' ``rleToString``/``rleFrString``).
+
+Decoding is vectorised NumPy that writes the ``uint32`` words of the packed
+layout the device programs use (32 rows of a column per word) without ever
+forming the byte-per-pixel mask: every run boundary toggles the bits from its
+position to the end of its word, and the state entering each word is the
+parity of the boundaries before it. That costs O(runs + words) per mask, about
+20x less than ``pycocotools.mask.decode`` followed by bit packing on a
+480x640 mask (the decode alone took ~1 ms).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+WORD_BITS = 32
+_ALL = np.uint64(0xFFFFFFFF)
+
+
+def strings_runs(strings: list) -> list[np.ndarray]:
+    """The run lengths of many compressed RLE strings (str or bytes) at once, each int64 [m].
+
+    One vectorised pass over the concatenated characters (a per-string loop
+    costs tens of microseconds of NumPy overhead per mask).
+
+    Raises:
+      ValueError: ``"string {i}: ..."`` for the first string with a character
+        outside the code's alphabet, a truncated last number, or a run too
+        large to be one.
+    """
+    if not strings:
+        return []
+    encoded = [s.encode("ascii") if isinstance(s, str) else bytes(s) for s in strings]
+    lengths = np.fromiter((len(e) for e in encoded), np.int64, len(encoded))
+    string_end = np.cumsum(lengths)
+    chars = np.frombuffer(b"".join(encoded), np.uint8).astype(np.int64) - 48
+    empty = [np.zeros(0, np.int64)] * len(strings)
+    if chars.size == 0:
+        return empty
+
+    def fail(char_index, why):
+        raise ValueError(f"string {int(np.searchsorted(string_end, char_index, side='right'))}: {why}")
+
+    bad = np.flatnonzero((chars < 0) | (chars > 63))
+    if bad.size:
+        fail(bad[0], "characters outside the RLE alphabet")
+    more = (chars & 0x20) != 0
+    last_chars = string_end[lengths > 0] - 1
+    truncated = last_chars[more[last_chars]]
+    if truncated.size:
+        fail(truncated[0], "the last number is truncated")
+    ends = np.flatnonzero(~more)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    group_lengths = ends - starts + 1
+    if group_lengths.max() > 12:
+        fail(ends[np.argmax(group_lengths)], "a run length is too large")
+    position = np.arange(chars.size) - np.repeat(starts, group_lengths)
+    values = np.add.reduceat((chars & 0x1F) << (5 * position), starts)
+    negative = (chars[ends] & 0x10) != 0
+    values = values - np.where(negative, np.left_shift(np.int64(1), 5 * group_lengths), 0)
+    owner = np.searchsorted(string_end, ends, side="right")  # string of each number
+    numbers = np.bincount(owner, minlength=len(strings))
+    first = np.cumsum(numbers) - numbers
+    index = np.arange(values.size) - first[owner]
+    out = values.copy()
+    for parity in (1, 2):  # run i >= 3 is stored as the difference to run i - 2, within each string
+        chosen = np.flatnonzero((index >= parity) & ((index - parity) % 2 == 0))
+        running = np.cumsum(values[chosen])
+        group = owner[chosen]
+        new_group = np.concatenate([[True], group[1:] != group[:-1]])
+        group_start = np.maximum.accumulate(np.where(new_group, np.arange(chosen.size), 0))
+        out[chosen] = running - (running - values[chosen])[group_start]
+    return np.split(out, np.cumsum(numbers)[:-1])
+
+
+def string_runs(counts) -> np.ndarray:
+    """The run lengths of one compressed RLE string (str or bytes), int64 [m]; see :func:`strings_runs`."""
+    try:
+        return strings_runs([counts])[0]
+    except ValueError as error:
+        raise ValueError(str(error).split(": ", 1)[1]) from None
+
+
+def runs_to_string(runs) -> str:
+    """The compressed string of run lengths (the inverse of :func:`string_runs`; pycocotools' encoder)."""
+    runs = [int(v) for v in runs]
+    out = []
+    for index, value in enumerate(runs):
+        x = value - runs[index - 2] if index > 2 else value
+        more = True
+        while more:
+            c = x & 0x1F
+            x >>= 5
+            more = (x != -1) if (c & 0x10) else (x != 0)
+            if more:
+                c |= 0x20
+            out.append(chr(c + 48))
+    return "".join(out)
+
+
+def foreground_pixels(runs: np.ndarray) -> int:
+    """Pixels of a mask given by its runs (the odd runs)."""
+    return int(np.asarray(runs)[1::2].sum())
+
+
+@functools.lru_cache(maxsize=64)
+def _valid_words(height: int, width: int, words_per_column: int, columns: int) -> np.ndarray:
+    """uint32 [columns * words_per_column]: the bits of the image's pixels in one mask slot (cached, read-only)."""
+    full, tail = divmod(height, WORD_BITS)
+    column = np.zeros(words_per_column, np.uint32)
+    column[:full] = 0xFFFFFFFF
+    if tail:
+        column[full] = (1 << tail) - 1
+    valid = np.zeros((columns, words_per_column), np.uint32)
+    valid[:width] = column
+    valid = valid.reshape(-1)
+    valid.flags.writeable = False
+    return valid
+
+
+def _toggle_positions(masks: list, slot_bits: int, stride: int) -> np.ndarray:
+    """Sorted bit positions (in the whole buffer) where the foreground state flips."""
+    positions = []
+    for slot, (runs, height, _) in enumerate(masks):
+        ends = np.cumsum(np.asarray(runs, np.int64))
+        toggles = ends if len(ends) % 2 == 0 else ends[:-1]  # a last foreground run closes at the image end
+        x, y = np.divmod(toggles, np.int64(height))
+        positions.append(slot * np.int64(slot_bits) + x * np.int64(stride) + y)
+    return np.concatenate(positions)
+
+
+def decode_into(masks: list, out: np.ndarray) -> None:
+    """Decodes masks into the first ``len(masks)`` slots of a packed buffer, all at once.
+
+    Args:
+      masks: list of ``(runs int64 [m], height, width)``; runs must cover
+        ``height * width`` pixels (checked by the loaders).
+      out: uint32 [N, W_canvas, h_canvas] buffer, ``len(masks) <= N``, every
+        ``width <= W_canvas`` and ``height <= 32 h_canvas``. On return slot
+        ``i`` holds mask ``i`` column by column: bit ``j`` of word ``[i, x, k]``
+        is pixel ``(32 k + j, x)``; every other bit of those slots is 0.
+    """
+    if not masks:
+        return
+    n_slots, columns, words_per_column = out.shape
+    slot_words = columns * words_per_column
+    total = len(masks) * slot_words
+    position = _toggle_positions(masks, WORD_BITS * slot_words, WORD_BITS * words_per_column)
+    position = position[position < np.int64(WORD_BITS) * total]
+    word = position >> 5
+    flips = (_ALL << (position & 31).astype(np.uint64)) & _ALL
+    words = np.zeros(total, np.uint32)
+    if word.size:
+        first = np.flatnonzero(np.concatenate([[True], word[1:] != word[:-1]]))
+        toggled = word[first]
+        # State entering each word: the parity of the flips in the words before it, constant between toggled words.
+        parity = (np.cumsum(np.diff(np.append(first, word.size))) & 1).astype(bool)
+        levels = np.where(np.concatenate([[False], parity]), np.uint32(0xFFFFFFFF), np.uint32(0))
+        lengths = np.diff(np.concatenate([[0], toggled + 1, [total]]))
+        words = np.repeat(levels, lengths)
+        words[toggled] ^= np.bitwise_xor.reduceat(flips, first).astype(np.uint32)
+    slots = out.reshape(n_slots, -1)[: len(masks)]
+    for slot, (_, height, width) in enumerate(masks):
+        np.bitwise_and(words[slot * slot_words:(slot + 1) * slot_words],
+                       _valid_words(height, width, words_per_column, columns), out=slots[slot])
+
+
+__all__ = ["strings_runs", "string_runs", "runs_to_string", "foreground_pixels", "decode_into"]

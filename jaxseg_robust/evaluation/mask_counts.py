@@ -1,0 +1,189 @@
+"""Scheduling the mask-pair counts of a whole results file onto the device, chunk by chunk.
+
+Follows docs/protocols/boundary_ap_pq.md ("Batching"). Each image brings the
+masks that take part in at least one (detection, ground truth) pair of a
+category and the pairs themselves. Images are padded into a few canvases
+(:func:`canvas_classes`), grouped by boundary width, and packed into chunks
+of ``chunk_masks`` masks (and at most ``4 * chunk_masks`` pairs), so one
+compiled program per canvas serves the whole file. The host decodes the next
+chunk's run lengths into packed bits while the device works on the previous
+one (JAX dispatches asynchronously).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from jaxseg_robust.data.coco_rle import decode_into
+from jaxseg_robust.metrics.mask_pairs import PairCounts, chunk_pair_counts, packed_words
+from jaxseg_robust.metrics.masks import boundary_width
+from jaxseg_robust.runner.progress import make_progress
+
+PAIRS_PER_MASK = 4
+CANVAS_LADDER = (256, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 2560, 3072, 4096)
+COMPILE_SECONDS = 2.5  # one chunk program, XLA on the 2-core CPU
+WORD_SECONDS = 4e-8  # device time per packed word of a mask (erosion, counts, pairs), same CPU
+
+
+class ImageWork(NamedTuple):
+    """The mask work of one image: ``masks`` = run-length arrays, ``pairs`` int [p, 2] indices into them."""
+
+    height: int
+    width: int
+    masks: list
+    pairs: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class CountSettings:
+    """How the counts are computed.
+
+    Attributes:
+      dilation_ratio: boundary width relative to the image diagonal.
+      with_boundary: compute the boundary bands (Boundary AP); False for mask AP.
+      chunk_masks: masks per device call (pairs per call: 4x this).
+      progress: ``auto`` / ``tqdm`` / ``plain`` / ``none`` (`jaxseg_robust.runner.progress`).
+    """
+
+    dilation_ratio: float = 0.02
+    with_boundary: bool = True
+    chunk_masks: int = 64
+    progress: str = "auto"
+
+
+def _ladder(size: int) -> int:
+    for step in CANVAS_LADDER:
+        if size <= step:
+            return step
+    return -(-size // CANVAS_LADDER[-1]) * CANVAS_LADDER[-1]
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
+
+
+def canvas_classes(sizes: list[tuple[int, int]], masks_per_image: list[int] | None = None) -> list[tuple[int, int]]:
+    """The canvas ``(height, width)`` each image is padded into.
+
+    Either one canvas (the largest height and width, rounded up to 32: one
+    compiled program) or each side rounded up on ``CANVAS_LADDER`` (a few
+    programs, less padding), whichever the cost model finds cheaper:
+    ``COMPILE_SECONDS`` per program against ``WORD_SECONDS`` per packed word
+    of every mask (both measured on the 2-core CPU; on a GPU the single
+    canvas wins even more often).
+    """
+    if not sizes:
+        return []
+    masks_per_image = masks_per_image or [1] * len(sizes)
+    heights, widths = zip(*sizes)
+    single = (_round_up(max(heights), 32), _round_up(max(widths), 32))
+    ladder = [(_ladder(h), _ladder(w)) for h, w in sizes]
+
+    def cost(canvases):
+        words = sum(n * packed_words(h) * w for n, (h, w) in zip(masks_per_image, canvases))
+        return COMPILE_SECONDS * len(set(canvases)) + WORD_SECONDS * words
+
+    return [single] * len(sizes) if cost([single] * len(sizes)) <= cost(ladder) else ladder
+
+
+class _Chunk(NamedTuple):
+    canvas: tuple[int, int]
+    radius: int
+    images: list  # (index into works, first mask slot, first pair row)
+    n_masks: int
+    n_pairs: int
+
+
+def _pow2(value: int) -> int:
+    return 1 << max(int(value) - 1, 0).bit_length()
+
+
+def plan_chunks(works: list[ImageWork], settings: CountSettings) -> list[_Chunk]:
+    """Chunks of images sharing canvas and boundary width, each within the mask and pair budgets."""
+    canvases = canvas_classes([(w.height, w.width) for w in works], [len(w.masks) for w in works])
+    groups: dict = {}
+    for index, work in enumerate(works):
+        if work.pairs.size:
+            radius = boundary_width(work.height, work.width, settings.dilation_ratio)
+            groups.setdefault((canvases[index], radius), []).append(index)
+    chunks = []
+    budget_masks, budget_pairs = settings.chunk_masks, PAIRS_PER_MASK * settings.chunk_masks
+    for (canvas, radius), members in groups.items():
+        current, masks, pairs = [], 0, 0
+        for index in members:
+            work = works[index]
+            n_masks, n_pairs = len(work.masks), len(work.pairs)
+            if current and (masks + n_masks > budget_masks or pairs + n_pairs > budget_pairs):
+                chunks.append(_Chunk(canvas, radius, current, masks, pairs))
+                current, masks, pairs = [], 0, 0
+            current.append((index, masks, pairs))
+            masks, pairs = masks + n_masks, pairs + n_pairs
+        if current:
+            chunks.append(_Chunk(canvas, radius, current, masks, pairs))
+    return chunks
+
+
+def _dispatch(chunk: _Chunk, works: list[ImageWork], settings: CountSettings):
+    """Decodes a chunk on the host and starts its device program (returns device arrays)."""
+    n_slots = max(settings.chunk_masks, _pow2(chunk.n_masks))
+    n_pair_rows = max(PAIRS_PER_MASK * settings.chunk_masks, _pow2(chunk.n_pairs))
+    height, width = chunk.canvas
+    buffer = np.zeros((n_slots, width, packed_words(height)), np.uint32)
+    masks = [(runs, works[i].height, works[i].width) for i, _, _ in chunk.images for runs in works[i].masks]
+    decode_into(masks, buffer)
+    pairs = np.zeros((n_pair_rows, 2), np.int32)
+    for index, first_mask, first_pair in chunk.images:
+        local = works[index].pairs
+        pairs[first_pair:first_pair + len(local)] = local + first_mask
+    rows = np.ascontiguousarray(buffer.transpose(0, 2, 1))  # [N, h, W]: the device layout
+    max_radius = boundary_width(height, width, settings.dilation_ratio)
+    return chunk_pair_counts(rows, np.int32(chunk.radius), pairs, max_radius=max_radius,
+                             with_boundary=settings.with_boundary)
+
+
+def _collect(chunk: _Chunk, result, works: list[ImageWork], out: list) -> None:
+    area, boundary_area, intersection, boundary_intersection = (np.asarray(a) for a in result)
+    for index, first_mask, first_pair in chunk.images:
+        work = works[index]
+        masks, pairs = slice(first_mask, first_mask + len(work.masks)), slice(first_pair, first_pair + len(work.pairs))
+        out[index] = PairCounts(area[masks], boundary_area[masks], intersection[pairs], boundary_intersection[pairs])
+
+
+def count_pairs(works: list[ImageWork], settings: CountSettings) -> list[PairCounts | None]:
+    """Areas, boundary areas and pair intersections of every image's masks (None for images without pairs).
+
+    Shows a progress display over the masks (``settings.progress``) on stderr.
+    """
+    out: list = [None] * len(works)
+    chunks = plan_chunks(works, settings)
+    total = sum(chunk.n_masks for chunk in chunks)
+    what = "mask and boundary counts" if settings.with_boundary else "mask counts"
+    progress = make_progress(total, settings.progress, desc=what)
+    in_flight = None
+    try:
+        for chunk in chunks:
+            started = (chunk, _dispatch(chunk, works, settings))
+            if in_flight is not None:
+                _collect(*in_flight, works, out)
+                progress.update(in_flight[0].n_masks, 0)
+            in_flight = started
+        if in_flight is not None:
+            _collect(*in_flight, works, out)
+            progress.update(in_flight[0].n_masks, 0)
+    finally:
+        progress.close()
+    return out
+
+
+def device_summary() -> str:
+    """One line naming the JAX backend the counts run on."""
+    devices = jax.devices()
+    return f"{devices[0].platform} x{len(devices)}"
+
+
+__all__ = ["ImageWork", "CountSettings", "canvas_classes", "plan_chunks", "count_pairs", "device_summary",
+           "PAIRS_PER_MASK", "CANVAS_LADDER", "COMPILE_SECONDS", "WORD_SECONDS"]
