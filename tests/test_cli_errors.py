@@ -23,7 +23,8 @@ def _fail_if_called(*args, **kwargs):
 
 
 def _one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
+    """The one line a stopped command printed, besides its start-up lines ("loading MODEL ...")."""
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("loading ")]
     assert len(lines) == 1, err
     assert "Traceback" not in err
     return lines[0]
