@@ -61,12 +61,12 @@ def upernet_rules() -> list[Rule]:
     rules += layer_norm_rules(b + r"downsample_layers\.([1-3])\.0", r"backbone/downsample\1_norm")
     rules += conv_rules(b + r"downsample_layers\.([1-3])\.1", r"backbone/downsample\1_conv", bias=True)
     blk, blk_flax = b + r"stages\.([0-3])\.(\d+)\.", r"backbone/stage\1_\2"
-    rules += [Rule(blk + "gamma", blk_flax + "/scale", identity)]
+    rules += [Rule(blk + "gamma", "params/" + blk_flax + "/scale", identity)]
     rules += conv_rules(blk + "dwconv", blk_flax + "/dwconv", bias=True)
     rules += layer_norm_rules(blk + "norm", blk_flax + "/norm")
     for fc in ("pwconv1", "pwconv2"):
-        rules += [Rule(blk + fc + r"\.weight", blk_flax + f"/{fc}/kernel", linear),
-                  Rule(blk + fc + r"\.bias", blk_flax + f"/{fc}/bias", identity)]
+        rules += [Rule(blk + fc + r"\.weight", f"params/{blk_flax}/{fc}/kernel", linear),
+                  Rule(blk + fc + r"\.bias", f"params/{blk_flax}/{fc}/bias", identity)]
     rules += layer_norm_rules(b + r"norm([0-3])", r"backbone/norm\1")
     d = r"decode_head\."
     rules += _conv_bn(d + r"psp_modules\.(\d+)\.1", r"decode_head/psp\1")
