@@ -134,13 +134,13 @@ def semseg_config_from_state_dict(state_dict: Mapping[str, np.ndarray], *,
         if found != len(bins):
             raise PortError(f"{what}: the checkpoint has {found} PSP pyramid bins "
                             f"(ppm.features.*) but --bins gives {len(bins)}: {list(bins)}")
+    fields = dict(head=head, num_classes=num_classes, blocks=_blocks(state_dict, what), width=width,
+                  head_channels=_shape(state_dict, f"{main}.0.weight", what)[0],
+                  aux_channels=_shape(state_dict, f"{aux_name}.0.weight", what)[0] if aux else 256,
+                  bins=tuple(bins), atrous_rates=tuple(atrous_rates), aux=aux, ddcat=ddcat,
+                  background_class=_resolve_background(background_class, num_classes, what))
     try:
-        return SemsegConfig(
-            head=head, num_classes=num_classes, blocks=_blocks(state_dict, what), width=width,
-            head_channels=_shape(state_dict, f"{main}.0.weight", what)[0],
-            aux_channels=_shape(state_dict, f"{aux_name}.0.weight", what)[0] if aux else 256,
-            bins=tuple(bins), atrous_rates=tuple(atrous_rates), aux=aux, ddcat=ddcat,
-            background_class=_resolve_background(background_class, num_classes, what))
+        return SemsegConfig(**fields)
     except ValueError as err:
         raise PortError(f"{what}: {err}") from None
 

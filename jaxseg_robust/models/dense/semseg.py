@@ -44,6 +44,7 @@ Variables ``{"params", "batch_stats"}``; the checkpoint key table is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Mapping
 
@@ -335,8 +336,14 @@ class SemsegDense:
 
     def variable_shapes(self) -> dict:
         """ShapeDtypeStruct tree of the variables (every head of the config)."""
-        x = jnp.zeros((1, 33, 33, 3), jnp.float32)
-        return dict(jax.eval_shape(lambda k, i: self.network.init(k, i), jax.random.key(0), x))
+        return _variable_shapes(self.config)
+
+
+@functools.lru_cache(maxsize=16)
+def _variable_shapes(config: SemsegConfig) -> dict:
+    """Cached ShapeDtypeStruct tree of a config's variables (tracing a ResNet / ConvNeXt takes seconds)."""
+    x = jnp.zeros((1, 33, 33, 3), jnp.float32)
+    return dict(jax.eval_shape(lambda k, i: Semseg(config).init(k, i), jax.random.key(0), x))
 
 
 def load_converted(model_dir: str | os.PathLike) -> tuple[SemsegDense, dict]:

@@ -36,6 +36,7 @@ Variables ``{"params", "batch_stats"}``; key table ``ports.upernet.upernet_rules
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Mapping
 
@@ -293,8 +294,14 @@ class UperNetDense:
 
     def variable_shapes(self) -> dict:
         """ShapeDtypeStruct tree of the variables (auxiliary head included if configured)."""
-        x = jnp.zeros((1, 64, 64, 3), jnp.float32)
-        return dict(jax.eval_shape(lambda k, i: self.network.init(k, i), jax.random.key(0), x))
+        return _variable_shapes(self.config)
+
+
+@functools.lru_cache(maxsize=16)
+def _variable_shapes(config: UperNetConfig) -> dict:
+    """Cached ShapeDtypeStruct tree of a config's variables (tracing a ResNet / ConvNeXt takes seconds)."""
+    x = jnp.zeros((1, 64, 64, 3), jnp.float32)
+    return dict(jax.eval_shape(lambda k, i: UperNet(config).init(k, i), jax.random.key(0), x))
 
 
 def load_converted(model_dir: str | os.PathLike) -> tuple[UperNetDense, dict]:
