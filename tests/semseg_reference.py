@@ -18,6 +18,11 @@ which removes ``assert`` statements and nothing else.
 The Robust-Segmentation package's ``__init__`` imports its whole training stack
 (timm's ViT registry, datasets); only the two model files are loaded, through
 namespace stubs for ``semseg``, ``semseg.models`` and ``semseg.models.backbones``.
+`build_official` / `save_official_checkpoint` / `port_and_load` make a semseg
+model with seeded random weights, save it as the training scripts do and
+convert it with ``python -m ports semseg`` (parity tests and
+experiments/benchmarks/bench_semseg_battery.py).
+
 ``convnext_orig.py`` imports ``trunc_normal_`` and ``DropPath`` from timm; when
 timm is not importable (it needs torchvision) a stand-in module provides
 ``torch.nn.init.trunc_normal_`` (only used to initialise weights the tests
@@ -126,3 +131,55 @@ def load_upernet_modules(root: pathlib.Path) -> tuple[types.ModuleType, types.Mo
         sys.modules["semseg.models.backbones"].ConvNeXt = convnext.ConvNeXt
         uper = importlib.import_module("semseg.models.uperforseg")
     return convnext, uper
+
+
+# ---- semseg models with random weights in the released checkpoint format ----------------
+
+def _randomise(model, seed: int) -> None:
+    """Random BatchNorm affine parameters and running statistics (eval-mode BN is exercised)."""
+    import torch  # noqa: PLC0415
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.5, generator=generator)
+                m.bias.uniform_(-0.2, 0.2, generator=generator)
+                m.running_mean.normal_(0.0, 0.2, generator=generator)
+                m.running_var.uniform_(0.5, 1.5, generator=generator)
+                m.num_batches_tracked.fill_(1000)
+
+
+def build_official(code, class_name: str, num_classes: int, seed: int = 0):
+    """The official model (built in training mode, as the training scripts do), then eval()."""
+    import torch  # noqa: PLC0415
+
+    torch.manual_seed(seed)
+    model = getattr(code, class_name)(layers=50, classes=num_classes, zoom_factor=8, pretrained=False)
+    _randomise(model, seed + 1)
+    return model.eval()
+
+
+def save_official_checkpoint(model, path) -> None:
+    """semseg's training checkpoint: DataParallel keys under "state_dict", plus epoch and optimizer."""
+    import torch  # noqa: PLC0415
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    state = {"module." + k: v for k, v in model.state_dict().items()}
+    torch.save({"epoch": 50, "state_dict": state, "optimizer": optimizer.state_dict()}, path)
+
+
+def port_and_load(model, tmp_path):
+    """Saves ``model`` in the released format, runs ``python -m ports semseg``, loads the result."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from jaxseg_robust.models import dense  # noqa: PLC0415
+    from ports.__main__ import main  # noqa: PLC0415
+
+    checkpoint, out = tmp_path / "train_epoch_50.pth", tmp_path / "converted"
+    save_official_checkpoint(model, checkpoint)
+    if main(["semseg", "--checkpoint", str(checkpoint), "--out", str(out)]) != 0:
+        raise RuntimeError(f"python -m ports semseg failed on {checkpoint}")
+    ours, variables = dense.load_converted(out)
+    return ours, jax.tree.map(jnp.asarray, variables)

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from semseg_reference import ENV_DDCAT, ENV_SEMSEG, checkout, load_semseg_models
+from semseg_reference import ENV_DDCAT, ENV_SEMSEG, build_official, checkout, load_semseg_models, port_and_load
 
 pytestmark = pytest.mark.parity
 torch = pytest.importorskip("torch")
@@ -53,46 +53,6 @@ def ddcat_code():
 @pytest.fixture(scope="module")
 def semseg_code():
     return load_semseg_models(checkout(ENV_SEMSEG, "model/pspnet.py"))
-
-
-def _randomise(model, seed: int) -> None:
-    """Random BatchNorm affine parameters and running statistics (eval-mode BN is exercised)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.weight.uniform_(0.5, 1.5, generator=generator)
-                m.bias.uniform_(-0.2, 0.2, generator=generator)
-                m.running_mean.normal_(0.0, 0.2, generator=generator)
-                m.running_var.uniform_(0.5, 1.5, generator=generator)
-                m.num_batches_tracked.fill_(1000)
-
-
-def build_official(code, class_name: str, num_classes: int, seed: int = 0):
-    """The official model (built in training mode, as the training scripts do), then eval()."""
-    torch.manual_seed(seed)
-    model = getattr(code, class_name)(layers=50, classes=num_classes, zoom_factor=8, pretrained=False)
-    _randomise(model, seed + 1)
-    return model.eval()
-
-
-def save_official_checkpoint(model, path) -> None:
-    """semseg's training checkpoint: DataParallel keys under "state_dict", plus epoch and optimizer."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    state = {"module." + k: v for k, v in model.state_dict().items()}
-    torch.save({"epoch": 50, "state_dict": state, "optimizer": optimizer.state_dict()}, path)
-
-
-def port_and_load(model, tmp_path):
-    """Saves ``model`` in the released format, runs ``python -m ports semseg``, loads the result."""
-    from jaxseg_robust.models import dense
-    from ports.__main__ import main
-
-    checkpoint, out = tmp_path / "train_epoch_50.pth", tmp_path / "converted"
-    save_official_checkpoint(model, checkpoint)
-    assert main(["semseg", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
-    ours, variables = dense.load_converted(out)
-    return ours, jax.tree.map(jnp.asarray, variables)
 
 
 def official_outputs(model, images: np.ndarray, ddcat: bool) -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import traverse_util
