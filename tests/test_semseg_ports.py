@@ -322,7 +322,11 @@ def test_converted_directories_round_trip(tmp_path):
     assert model == UperNetDense(ucfg)
 
 
-def test_command_line_end_to_end(tmp_path):
+class PickledCode:
+    """An object whose unpickling would run this module's code: weights_only loading refuses it."""
+
+
+def test_command_line_end_to_end(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     from ports.__main__ import build_parser, main
 
@@ -340,6 +344,10 @@ def test_command_line_end_to_end(tmp_path):
     assert main(["upernet", "--checkpoint", str(tmp_path / "u.pth"), "--out", str(tmp_path / "u"),
                  "--background-class", "0"]) == 0
     assert dense.load_converted(tmp_path / "u")[0].background_class == 0
+    torch.save({"state_dict": {"layer0.0.weight": torch.zeros(1)}, "hook": PickledCode()}, tmp_path / "code.pth")
+    assert main(["semseg", "--checkpoint", str(tmp_path / "code.pth"), "--out", str(tmp_path / "c")]) == 2
     args = build_parser().parse_args(["semseg", "--checkpoint", "x.pth", "--out", "o", "--bins", "1,2"])
     assert isinstance(args, argparse.Namespace) and args.bins == "1,2"
     assert main(["upernet", "--checkpoint", str(tmp_path / "missing.pth"), "--out", "o"]) == 2
+    errors = capsys.readouterr().err
+    assert "code.pth: not a readable PyTorch checkpoint" in errors and "missing.pth" in errors
