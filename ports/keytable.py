@@ -142,3 +142,31 @@ def convert(
         raise PortError(f"{what}: no checkpoint key fills the model parameter(s) {shown}{more} "
                         f"(truncated checkpoint or wrong family?)")
     return traverse_util.unflatten_dict(out, sep="/")
+
+
+# ---- rule builders for common torch modules -----------------------------------
+
+def conv_rules(torch_prefix: str, flax_prefix: str, *, bias: bool = False) -> list[Rule]:
+    """Rules of a torch ``Conv2d`` (regex prefix) -> Flax ``params/<flax_prefix>/{kernel,bias}``."""
+    rules = [Rule(torch_prefix + r"\.weight", f"params/{flax_prefix}/kernel", conv)]
+    if bias:
+        rules.append(Rule(torch_prefix + r"\.bias", f"params/{flax_prefix}/bias"))
+    return rules
+
+
+def batch_norm_rules(torch_prefix: str, flax_prefix: str) -> list[Rule]:
+    """Rules of a torch ``BatchNorm2d`` -> Flax ``params/.../{scale,bias}`` and ``batch_stats/.../{mean,var}``.
+
+    The ``num_batches_tracked`` counters are not mapped: drop them first
+    (``ports.torch_checkpoint.drop_batchnorm_counters``).
+    """
+    return [Rule(torch_prefix + r"\.weight", f"params/{flax_prefix}/scale"),
+            Rule(torch_prefix + r"\.bias", f"params/{flax_prefix}/bias"),
+            Rule(torch_prefix + r"\.running_mean", f"batch_stats/{flax_prefix}/mean"),
+            Rule(torch_prefix + r"\.running_var", f"batch_stats/{flax_prefix}/var")]
+
+
+def layer_norm_rules(torch_prefix: str, flax_prefix: str) -> list[Rule]:
+    """Rules of a torch LayerNorm (``weight``, ``bias``) -> Flax ``params/.../{scale,bias}``."""
+    return [Rule(torch_prefix + r"\.weight", f"params/{flax_prefix}/scale"),
+            Rule(torch_prefix + r"\.bias", f"params/{flax_prefix}/bias")]

@@ -102,3 +102,24 @@ def drop_batchnorm_counters(state_dict: Mapping[str, np.ndarray], *,
             if np.any(np.asarray(value) < 0):
                 raise PortError(f"{what}: '{key}' has negative running variances")
     return out
+
+
+def strip_wrapper_prefix(state_dict: Mapping[str, np.ndarray], prefix: str = "module.", *,
+                         what: str = "checkpoint") -> dict[str, np.ndarray]:
+    """Removes a (Distributed)DataParallel ``module.`` prefix that every key carries.
+
+    A state dict where no key has the prefix is returned unchanged; one where
+    only some keys have it is rejected (a merge of two models?).
+
+    Raises:
+      PortError: naming a key with and a key without the prefix.
+    """
+    keys = list(state_dict)
+    with_prefix = [k for k in keys if k.startswith(prefix)]
+    if not with_prefix:
+        return dict(state_dict)
+    if len(with_prefix) != len(keys):
+        without = next(k for k in keys if not k.startswith(prefix))
+        raise PortError(f"{what}: key '{with_prefix[0]}' carries the wrapper prefix '{prefix}' but "
+                        f"'{without}' does not")
+    return {k[len(prefix):]: v for k, v in state_dict.items()}

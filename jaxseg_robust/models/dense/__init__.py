@@ -6,7 +6,9 @@
 
 * `DenseModel` protocol, `binary_logits`, `MaskLogitModel` (base.py);
 * `U2NetDense` / `U2NETP`: U²-Net-p salient-object model, 2 classes (u2net.py);
-* `DeepLabV3Dense` / `DeepLabV3Config`: torchvision DeepLabV3-ResNet (deeplabv3.py).
+* `DeepLabV3Dense` / `DeepLabV3Config`: torchvision DeepLabV3-ResNet (deeplabv3.py);
+* `SemsegDense` / `SemsegConfig`: semseg / DDC-AT PSPNet and DeepLabv3 (semseg.py);
+* `UperNetDense` / `UperNetConfig`: UPerNet-ConvNeXt of the SEA-AT models (upernet.py).
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import os
 from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, DenseModel,
                                              MaskLogitModel, binary_logits, check_images)
 from jaxseg_robust.models.dense.deeplabv3 import DeepLabV3Config, DeepLabV3Dense
+from jaxseg_robust.models.dense.semseg import SemsegConfig, SemsegDense
+from jaxseg_robust.models.dense.upernet import UperNetConfig, UperNetDense
 from jaxseg_robust.models.dense.u2net import U2NETP, U2NetConfig, U2NetDense
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DenseModel", "MaskLogitModel", "binary_logits",
-           "check_images", "DeepLabV3Config", "DeepLabV3Dense", "U2NETP", "U2NetConfig",
+           "check_images", "DeepLabV3Config", "DeepLabV3Dense", "SemsegConfig", "SemsegDense",
+           "UperNetConfig", "UperNetDense", "U2NETP", "U2NetConfig",
            "U2NetDense", "load_converted"]
 
 
 def load_converted(model_dir: str | os.PathLike):
-    """Loads a converted dense model directory (family "u2netp" or "deeplabv3").
+    """Loads a converted dense model directory (family "u2netp", "deeplabv3", "semseg" or "upernet").
 
     Returns:
       (model: DenseModel, variables: nested dict of numpy float32 arrays).
@@ -32,11 +37,12 @@ def load_converted(model_dir: str | os.PathLike):
     Raises:
       jaxseg_robust.models.store.StoreError: missing/damaged directory or an unknown family.
     """
-    from jaxseg_robust.models.dense import deeplabv3, u2net  # noqa: PLC0415
+    from jaxseg_robust.models.dense import deeplabv3, semseg, u2net, upernet  # noqa: PLC0415
     from jaxseg_robust.models import store  # noqa: PLC0415
 
     family = store.read_meta(model_dir)["family"]
-    loaders = {u2net.FAMILY: u2net.load_converted, deeplabv3.FAMILY: deeplabv3.load_converted}
+    loaders = {u2net.FAMILY: u2net.load_converted, deeplabv3.FAMILY: deeplabv3.load_converted,
+               semseg.FAMILY: semseg.load_converted, upernet.FAMILY: upernet.load_converted}
     if family not in loaders:
         raise store.StoreError(f"{model_dir} holds a '{family}' model, which is not a dense "
                                f"model (expected one of {sorted(loaders)})")

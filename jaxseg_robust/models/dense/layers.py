@@ -8,13 +8,20 @@
   antialias, on the spatial axes of NHWC arrays (tap tables of
   `jaxseg_robust.ops.resize.linear_taps`, bit-exact source positions).
 * `max_pool_ceil`: torch ``MaxPool2d(2, stride=2, ceil_mode=True)``.
+* `upsample_bilinear_aligned`: torch ``interpolate(mode="bilinear",
+  align_corners=True)`` on NHWC arrays (the semseg / DDC-AT PSPNet and
+  DeepLabv3 heads; taps of `jaxseg_robust.models.clickability.resize`).
+* `adaptive_avg_pool`: torch ``AdaptiveAvgPool2d(bins)`` (PSP pyramid bins,
+  image pooling), as two averaging matrices.
 """
 
 from __future__ import annotations
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
+from jaxseg_robust.models.clickability.resize import upsample_align_corners
 from jaxseg_robust.ops.resize import apply_taps, linear_taps
 
 
@@ -55,3 +62,40 @@ def max_pool_ceil(x: jnp.ndarray) -> jnp.ndarray:
     """
     h, w = x.shape[-3], x.shape[-2]
     return nn.max_pool(x, (2, 2), strides=(2, 2), padding=((0, h % 2), (0, w % 2)))
+
+
+def upsample_bilinear_aligned(x: jnp.ndarray, out_hw: tuple[int, int]) -> jnp.ndarray:
+    """Bilinear resize of f32[B, h, w, C] to f32[B, H, W, C] (torch align_corners=True).
+
+    Output sample ``o`` reads source position ``o * (in - 1) / (out - 1)`` (a
+    1-sample input is broadcast). ``out_hw`` static; identity when sizes agree.
+    """
+    return upsample_align_corners(x, out_hw, axes=(-3, -2))
+
+
+def adaptive_pool_matrix(in_size: int, out_size: int) -> np.ndarray:
+    """float32[out_size, in_size] averaging matrix of torch's adaptive average pooling.
+
+    Row ``i`` averages inputs ``[floor(i * in / out), ceil((i + 1) * in / out))``
+    (windows overlap when ``out`` does not divide ``in``; an output larger than
+    the input repeats samples), as ``AdaptiveAvgPool2d`` does along one axis.
+    """
+    if in_size <= 0 or out_size <= 0:
+        raise ValueError(f"in_size and out_size must be positive; got {in_size}, {out_size}")
+    matrix = np.zeros((out_size, in_size), np.float32)
+    for i in range(out_size):
+        start = (i * in_size) // out_size
+        end = -((-(i + 1) * in_size) // out_size)
+        matrix[i, start:end] = 1.0 / (end - start)
+    return matrix
+
+
+def adaptive_avg_pool(x: jnp.ndarray, bins: int) -> jnp.ndarray:
+    """torch ``AdaptiveAvgPool2d(bins)`` of f32[B, h, w, C] -> f32[B, bins, bins, C].
+
+    The rectangle average of torch is the product of the two per-axis window
+    averages (`adaptive_pool_matrix`); ``bins = 1`` is the global mean.
+    """
+    rows = jnp.asarray(adaptive_pool_matrix(x.shape[-3], bins), x.dtype)
+    cols = jnp.asarray(adaptive_pool_matrix(x.shape[-2], bins), x.dtype)
+    return jnp.einsum("ih,jw,bhwc->bijc", rows, cols, x, precision="highest")
