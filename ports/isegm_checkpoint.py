@@ -26,6 +26,7 @@ Only ``state_dict`` tensors and plain config values are used afterwards.
 
 from __future__ import annotations
 
+import _compat_pickle
 import os
 import pickle
 import re
@@ -103,6 +104,9 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if RestrictedUnpickler._torch_globals is None:
             RestrictedUnpickler._torch_globals = _torch_allowed_globals()
+        if (module, name) in _compat_pickle.NAME_MAPPING:  # Python 2 names (pickle protocol 2)
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         qualname = f"{module}.{name}"
         if qualname in RestrictedUnpickler._torch_globals:
             return RestrictedUnpickler._torch_globals[qualname]

@@ -203,3 +203,73 @@ def randomize_(model, seed: int) -> None:
                 t.copy_(1.0 + 0.1 * noise)
             else:
                 t.copy_(0.1 * noise)
+
+
+# ---- the released configurations, as the authors' model scripts build them ----------------
+
+RITM_ARGS = {
+    "hrnet18": dict(width=18, ocr_width=64),
+    "hrnet18s": dict(width=18, ocr_width=48, small=True),
+    "hrnet32": dict(width=32, ocr_width=128),
+}
+# SimpleClick models/iter_mask/plainvit_{xtiny,base,large,huge}448_cocolvis_itermask.py
+# (CFR-ICL's ViT-H script builds the same network).
+SIMPLECLICK_ARGS = {
+    "vit_xt": dict(patch=16, dim=160, depth=8, heads=4, out_dims=[96, 192, 288, 384], channels=128),
+    "vit_b": dict(patch=16, dim=768, depth=12, heads=12, out_dims=[128, 256, 512, 1024],
+                  channels=256),
+    "vit_l": dict(patch=16, dim=1024, depth=24, heads=16, out_dims=[192, 384, 768, 1536],
+                  channels=256),
+    "vit_h": dict(patch=14, dim=1280, depth=32, heads=16, out_dims=[240, 480, 960, 1920],
+                  channels=256),
+}
+
+
+def build_ritm(variant: str):
+    """RITM's ``HRNetModel`` as in ``models/iter_mask/hrnet*_itermask_3p.py`` (untrained)."""
+    from isegm.model.is_hrnet_model import HRNetModel  # noqa: PLC0415
+
+    return HRNetModel(with_aux_output=True, use_leaky_relu=True, use_rgb_conv=False,
+                      use_disks=True, norm_radius=5, with_prev_mask=True, **RITM_ARGS[variant])
+
+
+def build_simpleclick(variant: str):
+    """SimpleClick's ``PlainVitModel`` as in its ``plainvit_*448_cocolvis_itermask.py`` (untrained)."""
+    from isegm.model.is_plainvit_model import PlainVitModel  # noqa: PLC0415
+    from isegm.model.modeling.transformer_helper.cross_entropy_loss import \
+        CrossEntropyLoss  # noqa: PLC0415
+
+    a = SIMPLECLICK_ARGS[variant]
+    backbone = dict(img_size=(448, 448), patch_size=(a["patch"], a["patch"]), in_chans=3,
+                    embed_dim=a["dim"], depth=a["depth"], num_heads=a["heads"], mlp_ratio=4,
+                    qkv_bias=True)
+    neck = dict(in_dim=a["dim"], out_dims=a["out_dims"])
+    head = dict(in_channels=a["out_dims"], in_index=[0, 1, 2, 3], dropout_ratio=0.1,
+                num_classes=1, loss_decode=CrossEntropyLoss(), align_corners=False,
+                upsample="x1", channels=a["channels"])
+    return PlainVitModel(use_disks=True, norm_radius=5, with_prev_mask=True,
+                         backbone_params=backbone, neck_params=neck, head_params=head,
+                         random_split=False)
+
+
+def save_isegm_checkpoint(model, path) -> None:
+    """The authors' checkpoint format (isegm ``save_checkpoint``)."""
+    import torch  # noqa: PLC0415
+
+    torch.save({"state_dict": model.state_dict(), "config": model._config}, str(path))
+
+
+def points_tensor(clicks):
+    """isegm ``get_points_nd`` for one list of (row, col, is_positive) clicks in order.
+
+    Returns a float32 tensor [1, 2 n, 3]: positives then negatives, each padded
+    with (-1, -1, -1) to the larger count, third value the click index.
+    """
+    import torch  # noqa: PLC0415
+
+    pos = [(r, c, i) for i, (r, c, p) in enumerate(clicks) if p]
+    neg = [(r, c, i) for i, (r, c, p) in enumerate(clicks) if not p]
+    n = max(1, len(pos), len(neg))
+    pad = [(-1, -1, -1)]
+    return torch.tensor([pos + pad * (n - len(pos)) + neg + pad * (n - len(neg))],
+                        dtype=torch.float32)
