@@ -185,3 +185,66 @@ def loss_grad(seg, params, image, clicks, prev):
 
     value, grad = jax.jit(jax.value_and_grad(loss))(jnp.asarray(pts))
     return float(value), np.asarray(grad), jax.jit(loss)
+
+
+def torch_noc_side(kind: str, variant: str, seed: int, image, gt, target: int, n_clicks: int,
+                   cascade: bool, ckpt: str) -> dict:
+    """Spawned: the authors' ``evaluate_sample`` (20 clicks, no early stop) on random weights.
+
+    RITM runs in its ``fixed<target>`` mode (zoom-in every click at target x
+    target); SimpleClick / CFR-ICL in their default mode (the same zoom at 448,
+    position embedding re-interpolated); CFR-ICL with ``--cf-n 4 --acf``.
+    """
+    ir.import_reference(kind)
+    from isegm.inference.evaluation import evaluate_sample  # noqa: PLC0415
+    from isegm.inference.predictors import get_predictor  # noqa: PLC0415
+
+    model = ir.build_ritm(variant) if kind == "ritm" else ir.build_simpleclick(variant)
+    ir.randomize_(model, seed)
+    model.eval()
+    if kind != "ritm":
+        from isegm.model.modeling.pos_embed import \
+            interpolate_pos_embed_inference  # noqa: PLC0415
+        interpolate_pos_embed_inference(model.backbone, (target, target), "cpu")
+    sharpen_clicks_(model, kind, image, target)
+    ir.save_isegm_checkpoint(model, ckpt)
+    predictor_params = {}
+    if cascade:
+        predictor_params = {"cascade_step": 5, "cascade_adaptive": True, "cascade_clicks": 1}
+    predictor = get_predictor(model, "NoBRS", "cpu", prob_thresh=0.49,
+                              predictor_params=predictor_params,
+                              zoom_in_params={"skip_clicks": -1, "target_size": (target, target)})
+    clicks, ious, probs = evaluate_sample(image, gt.astype(np.int32), predictor,
+                                          max_iou_thr=1.01, pred_thr=0.49, max_clicks=n_clicks)
+    return {"clicks": np.array([[int(c.coords[0]), int(c.coords[1]), int(c.is_positive)]
+                                for c in clicks]),
+            "ious": np.asarray(ious, np.float64), "probs": np.asarray(probs, np.float32)}
+
+
+def sharpen_clicks_(model, kind: str, image, target: int) -> None:
+    """Makes a random network follow its clicks, so the NoC loop's zoom-in moves.
+
+    With plain random weights the prediction hardly depends on the clicks
+    (covering all or none of the image), so every ROI would be the whole
+    image. The click input's weights are scaled up (RITM: ``ScaleLayer`` to 1;
+    SimpleClick: the click patch embedding x 8) and the output bias shifted so
+    that 15 % of the zoomed first-click prediction is foreground.
+    """
+    import torch  # noqa: PLC0415
+
+    with torch.no_grad():
+        if kind == "ritm":
+            model.maps_transform[3].scale.fill_(1.0)
+            bias = model.feature_extractor.cls_head.bias
+        else:
+            model.patch_embed_coords.proj.weight.mul_(8.0)
+            bias = model.head.conv_seg.bias
+        x = torch.from_numpy(image.copy()).permute(2, 0, 1)[None].float() / 255
+        x = torch.nn.functional.interpolate(x, size=(target, target), mode="bilinear",
+                                            align_corners=True)
+        x = torch.cat([x, torch.zeros_like(x[:, :1])], 1)
+        h, w = image.shape[:2]
+        points = torch.tensor([[[target // 2, target // 2, 0], [-1, -1, -1]]],
+                              dtype=torch.float32)
+        logits = model(x, points)["instances"]
+        bias.sub_(torch.quantile(logits.flatten(), 0.85))

@@ -20,7 +20,8 @@ harness only (never in the library) `install_stubs` provides, through
   same parameter names ``conv.weight`` / ``conv.bias``), ``BaseModule``
   (``nn.Module`` with an ``init_cfg``), no-op ``auto_fp16`` / ``force_fp32``
   decorators and a registry that only records names;
-* ``isegm.data.datasets`` (dataset classes imported by ``inference/utils``);
+* ``isegm.data.datasets`` (dataset classes imported by ``inference/utils``) and
+  ``torch.utils.tensorboard`` (the training logger imported by ``utils/log``);
 * ``np.int`` / ``np.bool`` (removed from numpy; RITM's HRNet and clicker use them).
 """
 
@@ -137,6 +138,13 @@ def _mmcv_stub() -> None:
     mmcv.parallel = _module("mmcv.parallel", is_module_wrapper=lambda m: False)
 
 
+def _tensorboard_stub() -> None:
+    import torch.utils  # noqa: PLC0415
+
+    torch.utils.tensorboard = _module("torch.utils.tensorboard",
+                                      SummaryWriter=type("SummaryWriter", (), {}))
+
+
 def _datasets_stub() -> None:
     names = ("GrabCutDataset", "BerkeleyDataset", "DavisDataset", "SBDEvaluationDataset",
              "PascalVocDataset", "BraTSDataset", "ssTEMDataset", "OAIZIBDataset", "OAIDataset",
@@ -151,7 +159,7 @@ def install_stubs() -> None:
     if not hasattr(np, "bool"):
         np.bool = bool
     for name, make in (("torchvision", _torchvision_stub), ("timm", _timm_stub),
-                       ("mmcv", _mmcv_stub)):
+                       ("mmcv", _mmcv_stub), ("torch.utils.tensorboard", _tensorboard_stub)):
         try:
             __import__(name)
         except ImportError:
