@@ -248,3 +248,39 @@ def sharpen_clicks_(model, kind: str, image, target: int) -> None:
                               dtype=torch.float32)
         logits = model(x, points)["instances"]
         bias.sub_(torch.quantile(logits.flatten(), 0.85))
+
+
+def torch_zoom_side(cases: list, target: tuple[int, int]) -> list:
+    """Spawned: the authors' ``ZoomIn`` (skip_clicks=-1, fixed target) over click sequences.
+
+    Args:
+      cases: [(image f32[H, W, 4] (RGB + previous map channel), steps)] with
+        steps = [(clicks [(row, col, positive)], prob f32[th, tw] to paste back)].
+
+    Returns:
+      per case, per step: (roi (rmin, rmax, cmin, cmax), crop f32[th, tw, 4],
+      transformed clicks f32[n, 2] (row, col), pasted f32[H, W]).
+    """
+    import torch  # noqa: PLC0415
+
+    ir.import_reference("simpleclick")
+    from isegm.inference.clicker import Click  # noqa: PLC0415
+    from isegm.inference.transforms import ZoomIn  # noqa: PLC0415
+
+    out = []
+    for image, steps in cases:
+        zoom = ZoomIn(skip_clicks=-1, target_size=tuple(target))
+        zoom.reset()
+        x = torch.from_numpy(image).permute(2, 0, 1)[None].contiguous()
+        rows = []
+        for clicks, prob in steps:
+            clist = [Click(is_positive=p, coords=(r, c), indx=i)
+                     for i, (r, c, p) in enumerate(clicks)]
+            crop, tclicks = zoom.transform(x, [clist])
+            pasted = zoom.inv_transform(torch.from_numpy(prob)[None, None])
+            rows.append((tuple(int(v) for v in zoom._object_roi),
+                         crop[0].permute(1, 2, 0).numpy().copy(),
+                         np.array([c.coords for c in tclicks[0]], np.float32),
+                         pasted[0, 0].numpy().copy()))
+        out.append(rows)
+    return out
