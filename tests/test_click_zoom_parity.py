@@ -54,6 +54,9 @@ def test_zoom_in_matches_authors():
     ref = cu.spawn(cu.torch_zoom_side, cases, TARGET)
     config = ZoomInConfig(target_hw=TARGET)
     roi_fn = jax.jit(lambda st, prev, has, p, l, hw: update_roi(st, prev, has, p, l, hw, config))
+    crop_fn = jax.jit(lambda x, roi: crop_resize(x, roi, TARGET))
+    clicks_fn = jax.jit(lambda p, roi: crop_clicks(p, roi, TARGET))
+    paste_fn = jax.jit(paste_back, static_argnums=(2,))
     worst = dict(crop=0.0, clicks=0.0, paste=0.0)
     n_roi = 0
     for (image, steps), ref_steps in zip(cases, ref):
@@ -66,11 +69,11 @@ def test_zoom_in_matches_authors():
             state = roi_fn(state, prev, has, pts, labels, hw)
             assert tuple(int(v) for v in state.roi) == roi_t
             n_roi += 1
-            crop = crop_resize(jnp.asarray(image), state.roi, TARGET)
+            crop = crop_fn(jnp.asarray(image), state.roi)
             worst["crop"] = max(worst["crop"], cu.max_err(crop, crop_t)[0])
-            tc = np.asarray(crop_clicks(pts, state.roi, TARGET))[:, ::-1]
+            tc = np.asarray(clicks_fn(pts, state.roi))[:, ::-1]
             worst["clicks"] = max(worst["clicks"], cu.max_err(tc, clicks_t)[0])
-            pasted = paste_back(jnp.asarray(prob), state.roi, (h, w))
+            pasted = paste_fn(jnp.asarray(prob), state.roi, (h, w))
             worst["paste"] = max(worst["paste"], cu.max_err(pasted, pasted_t)[0])
             prev, has = pasted, jnp.asarray(True)
     print(f"\nZOOM PARITY: {n_roi} identical ROIs; max |diff| crop {worst['crop']:.3g}, "
