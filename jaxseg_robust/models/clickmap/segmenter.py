@@ -36,6 +36,7 @@ predicted quality.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.struct
@@ -112,17 +113,9 @@ class ClickMapSegmenter:
         """The linen network (image, click maps) -> logits."""
         return build_network(self.config)
 
-    def _dummy_hw(self) -> tuple[int, int]:
-        if isinstance(self.config, SimpleClickConfig):
-            return self.config.train_size
-        return (64, 64)
-
     def param_shapes(self) -> dict:
-        """The parameter tree as ShapeDtypeStructs (traced only)."""
-        h, w = self._dummy_hw()
-        image = jax.ShapeDtypeStruct((1, h, w, 3), jnp.float32)
-        maps = jax.ShapeDtypeStruct((1, h, w, self.config.coord_channels), jnp.float32)
-        return jax.eval_shape(self.network.init, jax.random.key(0), image, maps)["params"]
+        """The parameter tree as ShapeDtypeStructs (traced once per config, then cached)."""
+        return _param_shapes(self.config)
 
     def init(self, key) -> dict:
         """Random parameters of a sensible scale (host draws; see `layers.random_params`)."""
@@ -222,6 +215,15 @@ class ClickMapSegmenter:
         logits = jnp.where(inside, logits, OUTSIDE_LOGIT)
         return Prediction(logits=logits, low_res_logits=logits[None],
                           scores=jnp.zeros((1,), jnp.float32), index=jnp.zeros((), jnp.int32))
+
+
+@functools.lru_cache(maxsize=16)
+def _param_shapes(config) -> dict:
+    """`ClickMapSegmenter.param_shapes` of a config (hashable, frozen)."""
+    h, w = config.train_size if isinstance(config, SimpleClickConfig) else (64, 64)
+    image = jax.ShapeDtypeStruct((1, h, w, 3), jnp.float32)
+    maps = jax.ShapeDtypeStruct((1, h, w, config.coord_channels), jnp.float32)
+    return jax.eval_shape(build_network(config).init, jax.random.key(0), image, maps)["params"]
 
 
 def inside_mask(transform: Transform, frame: tuple[int, int]) -> jnp.ndarray:
