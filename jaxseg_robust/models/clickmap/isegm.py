@@ -149,8 +149,20 @@ def _crop_points_flipped(points, roi, target_hw):
     return crop.at[:, 0].set(x)
 
 
-def _zoomed_prob(segmenter, params, image, prev, points, labels, roi, options: IsegmOptions):
-    """Steps 2-4 with the zoom-in: f32[Hf, Wf] probability pasted back into the frame."""
+def zoomed_probability(segmenter, params, image, prev, points, labels, roi,
+                       options: IsegmOptions):
+    """Steps 2-4 with the zoom-in for a given ROI: f32[Hf, Wf] probability pasted into the frame.
+
+    Differentiable w.r.t. ``points`` (their crop coordinates are affine in
+    them) with a soft-encoding segmenter; the ROI is data (i32[4]), so a
+    protocol can fix it from a baseline click and optimise the click (the
+    TETRIS RITM path).
+
+    Args:
+      image: f32[Hf, Wf, 3]; prev: f32[Hf, Wf] previous probability map;
+      points: f32[N, 2] (x, y) original pixels; labels: i32[N];
+      roi: i32[4] (rmin, rmax, cmin, cmax); options: with ``zoom_in`` set.
+    """
     target = options.zoom_in.target_hw
     stacked = jnp.concatenate([image, prev[..., None]], axis=-1)
     crop = crop_resize(stacked, roi, target)
@@ -196,8 +208,8 @@ def predict_step(segmenter, params, image: jnp.ndarray, original_hw: jnp.ndarray
     else:
         zoom = update_roi(state.zoom, state.prev_prob, state.has_prev, points, labels,
                           original_hw, options.zoom_in)
-        prob = _zoomed_prob(segmenter, params, image, state.prev_prob, points, labels, zoom.roi,
-                            options)
+        prob = zoomed_probability(segmenter, params, image, state.prev_prob, points, labels,
+                                  zoom.roi, options)
     prob = jnp.where(inside, prob, 0.0)
     return prob, IsegmState(prev_prob=prob, has_prev=jnp.asarray(True), zoom=zoom)
 
