@@ -194,8 +194,8 @@ def test_noc_loop_on_a_padded_frame(simpleclick):
     """One program for every image size in a frame; the cascade's first click is peeled
     statically and the remaining clicks run in the scan."""
     seg, params = simpleclick.segmenter, simpleclick.params
-    options = IsegmOptions(zoom_in=ZoomInConfig(target_hw=(224, 224)), with_flip=True,
-                           cascade=CascadeConfig())
+    options = IsegmOptions(zoom_in=ZoomInConfig(target_hw=(224, 224)), with_flip=False,
+                           cascade=CascadeConfig(steps=2))
     config = NocConfig(n_clicks=3, options=options)
     traces = []
 
