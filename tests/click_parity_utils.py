@@ -79,7 +79,7 @@ def torch_model_side(kind: str, variant: str, seed: int, inputs: list, ckpt: str
 
     Returns:
       {name: logits f32[h, w]} and {(name, "grad"): dL/dmaps f32[C, h, w]} for inputs
-      with soft maps, L = sum(sigmoid(logits) * _weights).
+      with soft maps, L = sum(logits * _weights).
     """
     import torch  # noqa: PLC0415
 
@@ -112,7 +112,7 @@ def torch_model_side(kind: str, variant: str, seed: int, inputs: list, ckpt: str
             logits = net.backbone_forward(img, feats)["instances"]
             logits = torch.nn.functional.interpolate(logits, size=(h, w), mode="bilinear",
                                                      align_corners=True)
-            loss = (torch.sigmoid(logits[0, 0]) * torch.from_numpy(_weights(h, w))).sum()
+            loss = (logits[0, 0] * torch.from_numpy(_weights(h, w))).sum()
             out[name, "grad"] = torch.autograd.grad(loss, maps)[0][0].numpy().copy()
     return out
 
@@ -170,7 +170,11 @@ def soft_maps_and_vjp(seg, clicks, prev):
 
 
 def loss_grad(seg, params, image, clicks, prev):
-    """Our end-to-end dL/dpoints (soft encoding) and L, L = sum(sigmoid(logits) * _weights)."""
+    """Our end-to-end dL/dpoints (soft encoding) and L, L = sum(logits * _weights).
+
+    The loss is linear in the logits: random RITM networks give logits of
+    magnitude ~30, where a sigmoid would saturate and leave no gradient.
+    """
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
@@ -181,7 +185,7 @@ def loss_grad(seg, params, image, clicks, prev):
 
     def loss(p):
         logits = seg.grid_logits(params, x, p, jnp.asarray(labels), jnp.asarray(prev))
-        return jnp.sum(jax.nn.sigmoid(logits) * weights)
+        return jnp.sum(logits * weights)
 
     value, grad = jax.jit(jax.value_and_grad(loss))(jnp.asarray(pts))
     return float(value), np.asarray(grad), jax.jit(loss)

@@ -12,9 +12,10 @@ probability map:
   at full size: RITM on the 480x854 image; SimpleClick / CFR-ICL at the
   authors' zoom-in sizes 448 and 672 (the latter re-interpolates the
   position embedding, as their DAVIS evaluation does);
-* gradients w.r.t. click coordinates through the soft disk rendering: torch
-  autograd of the authors' network w.r.t. its click-map input, chained with
-  our rendering's VJP, against our end-to-end gradient (1e-3 relative L2),
+* gradients of a fixed random weighting of the logits w.r.t. click
+  coordinates through the soft disk rendering: torch autograd of the authors'
+  network w.r.t. its click-map input, chained with our rendering's VJP,
+  against our end-to-end gradient (1e-3 relative L2),
   and our gradient against central finite differences (2e-2 relative; the
   soft disks' area coverage is C1, so finite differences are only first-order
   accurate across pixel corners).
