@@ -5,7 +5,7 @@ tests/isegm_reference.py) the authors' model is built with seeded random
 weights, saved in their checkpoint format and run on a real image with
 several click sets and a previous probability map (``model(image,
 points)["instances"]``); it also returns torch-autograd gradients of a
-weighted sum of ``sigmoid(logits)`` w.r.t. the click-map input, for maps our
+weighted sum of the logits w.r.t. the click-map input, for maps our
 soft renderer made. The checkpoint is converted with ``python -m ports`` and
 our model runs the same inputs.
 
