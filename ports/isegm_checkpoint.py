@@ -31,7 +31,8 @@ import os
 import pickle
 import re
 import types
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

@@ -20,8 +20,12 @@ from __future__ import annotations
 import argparse
 import os
 
-from ports.isegm_checkpoint import (PathRule, load_isegm_checkpoint, require_values,
-                                    torch_layout)
+from ports.isegm_checkpoint import (
+    PathRule,
+    load_isegm_checkpoint,
+    require_values,
+    torch_layout,
+)
 from ports.keytable import PortError, convert
 from ports.port_cli import add_output_arguments, report_converted
 from ports.torch_checkpoint import drop_batchnorm_counters

@@ -25,8 +25,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from ports.isegm_checkpoint import (PathRule, drop_unused, load_isegm_checkpoint,
-                                    require_values, torch_layout)
+from ports.isegm_checkpoint import (
+    PathRule,
+    drop_unused,
+    load_isegm_checkpoint,
+    require_values,
+    torch_layout,
+)
 from ports.keytable import PortError, convert, identity
 from ports.port_cli import add_output_arguments, report_converted
 

@@ -24,10 +24,9 @@ import csv
 import multiprocessing
 import pathlib
 
+import isegm_reference as ir
 import numpy as np
 import pytest
-
-import isegm_reference as ir
 
 LOGIT_RTOL = 1e-4
 GRAD_RTOL = 1e-3
@@ -92,8 +91,7 @@ def torch_model_side(kind: str, variant: str, seed: int, inputs: list, ckpt: str
     for name, image, clicks, prev, soft in inputs:
         h, w = prev.shape
         if kind != "ritm":
-            from isegm.model.modeling.pos_embed import \
-                interpolate_pos_embed_inference  # noqa: PLC0415
+            from isegm.model.modeling.pos_embed import interpolate_pos_embed_inference  # noqa: PLC0415
             fresh = ir.build_simpleclick(variant)
             fresh.load_state_dict(model.state_dict())
             fresh.eval()
@@ -207,8 +205,7 @@ def torch_noc_side(kind: str, variant: str, seed: int, image, gt, target: int, n
     ir.randomize_(model, seed)
     model.eval()
     if kind != "ritm":
-        from isegm.model.modeling.pos_embed import \
-            interpolate_pos_embed_inference  # noqa: PLC0415
+        from isegm.model.modeling.pos_embed import interpolate_pos_embed_inference  # noqa: PLC0415
         interpolate_pos_embed_inference(model.backbone, (target, target), "cpu")
     sharpen_clicks_(model, kind, image, target)
     ir.save_isegm_checkpoint(model, ckpt)
@@ -247,7 +244,6 @@ def sharpen_clicks_(model, kind: str, image, target: int) -> None:
         x = torch.nn.functional.interpolate(x, size=(target, target), mode="bilinear",
                                             align_corners=True)
         x = torch.cat([x, torch.zeros_like(x[:, :1])], 1)
-        h, w = image.shape[:2]
         points = torch.tensor([[[target // 2, target // 2, 0], [-1, -1, -1]]],
                               dtype=torch.float32)
         logits = model(x, points)["instances"]

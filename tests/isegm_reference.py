@@ -244,8 +244,9 @@ def build_ritm(variant: str):
 def build_simpleclick(variant: str):
     """SimpleClick's ``PlainVitModel`` as in its ``plainvit_*448_cocolvis_itermask.py`` (untrained)."""
     from isegm.model.is_plainvit_model import PlainVitModel  # noqa: PLC0415
-    from isegm.model.modeling.transformer_helper.cross_entropy_loss import \
-        CrossEntropyLoss  # noqa: PLC0415
+    from isegm.model.modeling.transformer_helper.cross_entropy_loss import (
+        CrossEntropyLoss,  # noqa: PLC0415
+    )
 
     a = SIMPLECLICK_ARGS[variant]
     backbone = dict(img_size=(448, 448), patch_size=(a["patch"], a["patch"]), in_chans=3,

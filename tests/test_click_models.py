@@ -17,7 +17,11 @@ import pytest
 
 from jaxseg_robust.models import zoo
 from jaxseg_robust.models.clickmap.encoding import click_maps
-from jaxseg_robust.models.clickmap.isegm import CascadeConfig, IsegmOptions, authors_options
+from jaxseg_robust.models.clickmap.isegm import (
+    CascadeConfig,
+    IsegmOptions,
+    authors_options,
+)
 from jaxseg_robust.models.clickmap.noc import NocConfig, noc_trajectory
 from jaxseg_robust.models.clickmap.segmenter import OUTSIDE_LOGIT, ClickMapSegmenter
 from jaxseg_robust.models.clickmap.zoom_in import ZoomInConfig

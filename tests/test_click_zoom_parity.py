@@ -46,8 +46,14 @@ def test_zoom_in_matches_authors():
     import jax
     import jax.numpy as jnp
 
-    from jaxseg_robust.models.clickmap.zoom_in import (ZoomInConfig, ZoomState, crop_clicks,
-                                                       crop_resize, paste_back, update_roi)
+    from jaxseg_robust.models.clickmap.zoom_in import (
+        ZoomInConfig,
+        ZoomState,
+        crop_clicks,
+        crop_resize,
+        paste_back,
+        update_roi,
+    )
 
     cu.require_repo("simpleclick")
     cases = _cases()

@@ -22,8 +22,11 @@ from jaxseg_robust.models import zoo  # noqa: E402
 from jaxseg_robust.models.clickmap.segmenter import ClickMapSegmenter  # noqa: E402
 from jaxseg_robust.models.ritm.config import TINY as RITM_TINY  # noqa: E402
 from ports.__main__ import main as ports_main  # noqa: E402
-from ports.isegm_checkpoint import (OpaqueObject, UnsafeCheckpointError,  # noqa: E402
-                                    load_isegm_checkpoint)
+from ports.isegm_checkpoint import (  # noqa: E402
+    OpaqueObject,
+    UnsafeCheckpointError,
+    load_isegm_checkpoint,
+)
 from ports.keytable import PortError  # noqa: E402
 from ports.ritm import convert_ritm  # noqa: E402
 

@@ -98,9 +98,8 @@ CLICKS = [(200, 210, True), (120, 300, True), (330, 90, False), (60, 60, False)]
 
 def torch_side(repo: str, variant: str, size: int, batch: int, repeats: int, ckpt: str) -> dict:
     """Spawned: builds, randomises and saves the authors' model, then times it."""
-    import torch  # noqa: PLC0415
-
     import isegm_reference as ir  # noqa: PLC0415
+    import torch  # noqa: PLC0415
 
     ir.import_reference(repo)
     from isegm.inference.evaluation import evaluate_sample  # noqa: PLC0415
@@ -112,8 +111,7 @@ def torch_side(repo: str, variant: str, size: int, batch: int, repeats: int, ckp
     model.eval()
     ir.save_isegm_checkpoint(model, ckpt)
     if repo != "ritm":
-        from isegm.model.modeling.pos_embed import \
-            interpolate_pos_embed_inference  # noqa: PLC0415
+        from isegm.model.modeling.pos_embed import interpolate_pos_embed_inference  # noqa: PLC0415
         interpolate_pos_embed_inference(model.backbone, (size, size), "cpu")
     model.to(device)
     image, _ = load_image(size)
@@ -213,7 +211,7 @@ def bench(name: str, args) -> list[str]:
                         os.path.join(tmp, "m"))
     rows = []
     for stage, per_batch in (("forward", True), ("fwd_bwd", True), ("noc20", False)):
-        t_first, t_med = ref[stage]
+        _, t_med = ref[stage]
         j_first, j_med = ours[stage]
         torch_per = t_med / args.batch_size if per_batch else t_med
         jax_per = j_med / args.batch_size

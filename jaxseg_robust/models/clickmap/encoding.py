@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxseg_robust.ops.render import (COVERAGE_AREA, hard_disk_click_maps,
-                                      render_soft_click_maps)
+from jaxseg_robust.ops.render import (
+    COVERAGE_AREA,
+    hard_disk_click_maps,
+    render_soft_click_maps,
+)
 from jaxseg_robust.prompts.types import PADDING_LABEL
 
 ENCODINGS = ("hard", "soft")

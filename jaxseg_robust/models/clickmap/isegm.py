@@ -31,8 +31,14 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jaxseg_robust.models.clickmap.zoom_in import (ZoomInConfig, ZoomState, crop_clicks,
-                                                   crop_resize, paste_back, update_roi)
+from jaxseg_robust.models.clickmap.zoom_in import (
+    ZoomInConfig,
+    ZoomState,
+    crop_clicks,
+    crop_resize,
+    paste_back,
+    update_roi,
+)
 
 ISEGM_THRESHOLD = 0.49
 
@@ -117,7 +123,7 @@ class IsegmState:
     zoom: ZoomState
 
     @classmethod
-    def initial(cls, frame_hw: tuple[int, int]) -> "IsegmState":
+    def initial(cls, frame_hw: tuple[int, int]) -> IsegmState:
         """The state after ``set_input_image``: no prediction, no ROI."""
         return cls(prev_prob=jnp.zeros(tuple(frame_hw), jnp.float32),
                    has_prev=jnp.asarray(False), zoom=ZoomState.empty())
@@ -142,7 +148,7 @@ def _network_prob(segmenter, params, image, prev, points, labels, with_flip: boo
 
 def _crop_points_flipped(points, roi, target_hw):
     """Crop coordinates of mirrored clicks, one rounding: ((tw-1) w_roi - tw (x - cmin)) / w_roi."""
-    th, tw = target_hw
+    tw = target_hw[1]
     crop = crop_clicks(points, roi, target_hw)
     w = (roi[3] - roi[2] + 1).astype(jnp.float32)
     x = ((tw - 1) * w - tw * (points[:, 0] - roi[2].astype(jnp.float32))) / w

@@ -21,7 +21,7 @@ Every module is a plain function of its input (no train mode, no state);
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import flax.linen as nn
 import jax

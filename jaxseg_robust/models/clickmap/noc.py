@@ -41,7 +41,7 @@ class NocConfig:
     """
 
     n_clicks: int = 20
-    options: IsegmOptions = IsegmOptions()
+    options: IsegmOptions = dataclasses.field(default_factory=IsegmOptions)
 
     def __post_init__(self):
         if self.n_clicks < 1:

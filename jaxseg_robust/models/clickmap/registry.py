@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from jaxseg_robust.models import zoo
 from jaxseg_robust.models.clickmap.predictor import ClickMapPredictor
-from jaxseg_robust.models.clickmap.segmenter import ClickMapSegmenter, with_compute_dtype
+from jaxseg_robust.models.clickmap.segmenter import (
+    ClickMapSegmenter,
+    with_compute_dtype,
+)
 from jaxseg_robust.models.ritm import config as ritm_config
 from jaxseg_robust.models.simpleclick import config as sc_config
 

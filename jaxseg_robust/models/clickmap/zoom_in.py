@@ -102,7 +102,7 @@ class ZoomState:
     has_roi: jnp.ndarray
 
     @classmethod
-    def empty(cls) -> "ZoomState":
+    def empty(cls) -> ZoomState:
         return cls(roi=jnp.zeros((4,), jnp.int32), has_roi=jnp.asarray(False))
 
 

@@ -74,7 +74,7 @@ class RitmConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RitmConfig":
+    def from_dict(cls, data: dict) -> RitmConfig:
         """Inverse of `to_dict`; unknown keys are an error naming them."""
         names = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(data) - names)

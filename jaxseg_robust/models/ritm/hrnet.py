@@ -11,7 +11,7 @@ the torch attribute paths (``layer1/0/conv1``, ``transition2/2/0/0``,
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

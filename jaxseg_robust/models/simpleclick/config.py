@@ -113,7 +113,7 @@ class SimpleClickConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SimpleClickConfig":
+    def from_dict(cls, data: dict) -> SimpleClickConfig:
         """Inverse of `to_dict`; unknown keys are an error naming them."""
         names = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(data) - names)

@@ -27,7 +27,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxseg_robust.models.clickability.resize import upsample_align_corners
-from jaxseg_robust.models.clickmap.layers import Conv2d, ConvTranspose2d, GroupNorm1, gelu
+from jaxseg_robust.models.clickmap.layers import (
+    Conv2d,
+    ConvTranspose2d,
+    GroupNorm1,
+    gelu,
+)
 from jaxseg_robust.models.simpleclick.config import SimpleClickConfig
 from jaxseg_robust.models.simpleclick.vit import PatchEmbed, VisionTransformer
 from jaxseg_robust.ops.resize import apply_taps, linear_taps
