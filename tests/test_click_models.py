@@ -136,7 +136,6 @@ def test_soft_click_gradients_match_finite_differences(simpleclick):
 
 
 def test_simpleclick_sizes_and_position_embedding(simpleclick):
-    seg = simpleclick.segmenter
     with pytest.raises(ValueError, match="multiples of the patch size"):
         SC_TINY.input_grid((230, 224))
     image, _ = _image(224, 224)
