@@ -1,0 +1,175 @@
+"""SimpleClick's interactive network (``PlainVitModel``): click embedding, ViT, SimpleFPN, head.
+
+``SimpleClickNet(image, coord_features) -> logits`` mirrors ``ISModel.forward``
+of the SimpleClick code (CFR-ICL runs the same network):
+
+1. the image in [0, 1] is normalised with ImageNet mean/std;
+2. the click maps [prev, pos, neg] are embedded by their own patch embedding
+   (``patch_embed_coords``) and added to the image's patch tokens;
+3. the ViT backbone (`VisionTransformer`);
+4. ``SimpleFPN`` (neck): four maps at strides 4, 8, 16, 32 of the patch grid
+   (two / one 2x2 transposed convs, a 1x1 conv, a 2x2 stride-2 conv; GroupNorm(1, C),
+   GELU);
+5. the head (``SwinTransfomerSegHead`` with ``upsample='x1'``): a 1x1 conv +
+   ReLU per level, each resized to the stride-4 map (bilinear,
+   ``align_corners=False``), concatenated, a 1x1 fusion conv + ReLU, dropout
+   (identity at inference) and the 1x1 ``conv_seg``;
+6. the logits upsampled to the input size (bilinear, ``align_corners=True``).
+
+Parameter names follow the torch module paths (``neck/down_4/0/weight``,
+``head/convs/2/conv/weight``).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxseg_robust.models.clickability.resize import upsample_align_corners
+from jaxseg_robust.models.clickmap.layers import (
+    Conv2d,
+    ConvTranspose2d,
+    GroupNorm1,
+    gelu,
+)
+from jaxseg_robust.models.simpleclick.config import SimpleClickConfig
+from jaxseg_robust.models.simpleclick.vit import PatchEmbed, VisionTransformer
+from jaxseg_robust.ops.resize import apply_taps, linear_taps
+
+
+def resize_bilinear_nhwc(x: jnp.ndarray, hw: tuple[int, int]) -> jnp.ndarray:
+    """torch bilinear ``align_corners=False`` resize of f32[..., h, w, C] (identity if equal)."""
+    if tuple(x.shape[-3:-1]) == tuple(hw):
+        return x
+    x = apply_taps(x, linear_taps(x.shape[-2], int(hw[1])), axis=x.ndim - 2)
+    return apply_taps(x, linear_taps(x.shape[-3], int(hw[0])), axis=x.ndim - 3)
+
+
+class Down4(nn.Module):
+    """``down_4``: convT, GN, GELU, convT, GN, 1x1 conv, GN, GELU (children 0, 1, 3, 4, 5, 6)."""
+
+    in_dim: int
+    out_dim: int
+
+    @nn.compact
+    def __call__(self, x):
+        c = max(self.out_dim * 2, self.in_dim // 2)
+        x = gelu(GroupNorm1(c, name="1")(ConvTranspose2d(self.in_dim, c, 2, name="0")(x)))
+        x = GroupNorm1(c // 2, name="4")(ConvTranspose2d(c, c // 2, 2, name="3")(x))
+        return gelu(GroupNorm1(self.out_dim, name="6")(Conv2d(c // 2, self.out_dim, 1,
+                                                             name="5")(x)))
+
+
+class Down8(nn.Module):
+    """``down_8``: convT, GN, 1x1 conv, GN, GELU (children 0, 1, 2, 3)."""
+
+    in_dim: int
+    out_dim: int
+
+    @nn.compact
+    def __call__(self, x):
+        c = max(self.out_dim, self.in_dim // 2)
+        x = GroupNorm1(c, name="1")(ConvTranspose2d(self.in_dim, c, 2, name="0")(x))
+        return gelu(GroupNorm1(self.out_dim, name="3")(Conv2d(c, self.out_dim, 1, name="2")(x)))
+
+
+class Down16(nn.Module):
+    """``down_16``: 1x1 conv, GN, GELU (children 0, 1)."""
+
+    in_dim: int
+    out_dim: int
+
+    @nn.compact
+    def __call__(self, x):
+        return gelu(GroupNorm1(self.out_dim, name="1")(Conv2d(self.in_dim, self.out_dim, 1,
+                                                              name="0")(x)))
+
+
+class Down32(nn.Module):
+    """``down_32``: 2x2 stride-2 conv, GN, 1x1 conv, GN, GELU (children 0, 1, 2, 3)."""
+
+    in_dim: int
+    out_dim: int
+
+    @nn.compact
+    def __call__(self, x):
+        c = max(self.out_dim, self.in_dim * 2)
+        x = GroupNorm1(c, name="1")(Conv2d(self.in_dim, c, 2, 2, name="0")(x))
+        return gelu(GroupNorm1(self.out_dim, name="3")(Conv2d(c, self.out_dim, 1, name="2")(x)))
+
+
+class SimpleFPN(nn.Module):
+    """``neck``: tokens f32[B, gh, gw, C] -> maps at 4x, 2x, 1x and 1/2 of the grid."""
+
+    in_dim: int
+    out_dims: tuple[int, int, int, int]
+
+    @nn.compact
+    def __call__(self, x):
+        d = self.out_dims
+        return [Down4(self.in_dim, d[0], name="down_4")(x), Down8(self.in_dim, d[1], name="down_8")(x),
+                Down16(self.in_dim, d[2], name="down_16")(x),
+                Down32(self.in_dim, d[3], name="down_32")(x)]
+
+
+class ConvModule(nn.Module):
+    """mmcv ``ConvModule`` without norm: a 1x1 conv with bias (child "conv") and ReLU."""
+
+    in_channels: int
+    out_channels: int
+
+    @nn.compact
+    def __call__(self, x):
+        return jax.nn.relu(Conv2d(self.in_channels, self.out_channels, 1, name="conv")(x))
+
+
+class Convs(nn.Module):
+    """``convs``: one `ConvModule` per level, each resized to the first level's size."""
+
+    in_channels: tuple[int, int, int, int]
+    channels: int
+
+    @nn.compact
+    def __call__(self, inputs):
+        hw = inputs[0].shape[-3:-1]
+        return [resize_bilinear_nhwc(ConvModule(c, self.channels, name=str(i))(x), hw)
+                for i, (c, x) in enumerate(zip(self.in_channels, inputs))]
+
+
+class SegHead(nn.Module):
+    """``head`` (``SwinTransfomerSegHead``, ``upsample='x1'``): maps -> f32[B, 4gh, 4gw, 1]."""
+
+    in_channels: tuple[int, int, int, int]
+    channels: int
+
+    @nn.compact
+    def __call__(self, inputs):
+        outs = Convs(self.in_channels, self.channels, name="convs")(inputs)
+        x = ConvModule(4 * self.channels, self.channels, name="fusion_conv")(
+            jnp.concatenate(outs, axis=-1))
+        return Conv2d(self.channels, 1, 1, name="conv_seg")(x)
+
+
+class SimpleClickNet(nn.Module):
+    """The full SimpleClick network: image f32[B, H, W, 3] in [0, 1] and click maps
+    f32[B, H, W, C] ([prev, pos, neg]) -> logits f32[B, H, W] at the input resolution.
+    H and W must be multiples of the patch size (`SimpleClickConfig.input_grid`)."""
+
+    config: SimpleClickConfig
+
+    @nn.compact
+    def __call__(self, image, coord_features):
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        mean = jnp.asarray(cfg.pixel_mean, jnp.float32)
+        std = jnp.asarray(cfg.pixel_std, jnp.float32)
+        x = ((image - mean) / std).astype(dtype)
+        coords = PatchEmbed(cfg.coord_channels, cfg.embed_dim, cfg.patch_size,
+                            name="patch_embed_coords")(coord_features.astype(dtype))
+        tokens = VisionTransformer(cfg, name="backbone")(x, coords)
+        maps = SimpleFPN(cfg.embed_dim, cfg.neck_out_dims, name="neck")(tokens)
+        logits = SegHead(cfg.neck_out_dims, cfg.head_channels, name="head")(maps)
+        logits = upsample_align_corners(logits.astype(jnp.float32), image.shape[-3:-1],
+                                        axes=(-3, -2))
+        return logits[..., 0]
