@@ -53,8 +53,8 @@ PROTOCOLS = {
     "click_grid": ["grid", "--kind", "click", "--stride", "8"],
     "box_grid": ["grid", "--kind", "box", "--stride", "8"],
     "rclicks": ["rclicks", "--clickability", "dt", "--n-clicks", "3", "--groups", "2"],
-    "perturb": ["perturb", "--attacks", "padam-ce,sea,dag,pdpgd", "--eps", "8/255", "--padam-steps", "2",
-                "--sea-iterations", "4", "--dag-iterations", "2", "--pdpgd-steps", "2",
+    "perturb": ["perturb", "--attacks", "padam-ce,dag,pdpgd", "--eps", "8/255", "--padam-steps", "2",
+                "--dag-iterations", "2", "--pdpgd-steps", "2",
                 "--no-report", "--examples", "0"],
 }
 SLOW = {"tetris", "click_grid", "box_grid", "rclicks", "perturb"}
