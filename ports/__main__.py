@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-FAMILY_MODULES = ("sam", "mobile_sam", "sam_hq", "clickability", "dense")
+FAMILY_MODULES = ("sam", "mobile_sam", "sam_hq", "sam2", "clickability", "dense")
 EXIT_OK, EXIT_FAILURE = 0, 2
 
 
