@@ -48,6 +48,7 @@ import torch
 from sam_parity_utils import dice, load_image_and_target, max_err, prompt_cases
 
 from jaxseg_robust.models import zoo
+from jaxseg_robust.models.base import Prediction
 from jaxseg_robust.models.sam2.segmenter import Sam2Features, stability_score
 from jaxseg_robust.prompts.types import make_prompts
 from ports.__main__ import main as ports_main
@@ -251,26 +252,30 @@ def jax_side(model_dir, image, target, ref):
     ref_features = Sam2Features(image_embeddings=jnp.asarray(ref["embedding"]),
                                 high_res_feats=tuple(jnp.asarray(f) for f in ref["high_res"]))
     heads = jax.jit(seg.decode_heads)
-    option_segs = {}
-    for option, _, thresh in OPTIONS:
-        option_seg = seg if thresh is None else dataclasses.replace(
-            seg, config=dataclasses.replace(seg.config, dynamic_multimask_stability_thresh=thresh))
-        option_segs[option] = (option_seg, jax.jit(option_seg.decode,
-                                                   static_argnames="multimask_output"))
+    decode = jax.jit(seg.decode, static_argnames="multimask_output")
+    upsample = jax.jit(seg.upsample)
     low = seg.config.low_res_size
     for name, kw in _case_prompts(*image.shape[:2]).items():
         p = make_prompts(kw.get("point_coords"), kw.get("point_labels"), kw.get("box"),
                          num_slots=8, mask_shape=(low, low))
         all_low, all_iou, obj = heads(params, predictor.features, p, predictor.transform)
         rf_low, rf_iou, _ = heads(params, ref_features, p, predictor.transform)
-        for option, multimask, _ in OPTIONS:
-            option_seg, decode = option_segs[option]
+        for option, multimask, thresh in OPTIONS:
+            option_seg = seg if thresh is None else dataclasses.replace(
+                seg, config=dataclasses.replace(seg.config,
+                                                dynamic_multimask_stability_thresh=thresh))
             out[name, option, "obj"] = np.asarray(obj)
             predictor.segmenter = option_seg
             out[name, option] = predictor.predict(**kw, multimask_output=multimask,
                                                   return_logits=True)
-            pred = decode(params, predictor.features, p, predictor.transform,
-                          multimask_output=multimask)
+            if thresh is None:  # the Segmenter's own decode (padded slots)
+                pred = decode(params, predictor.features, p, predictor.transform,
+                              multimask_output=multimask)
+            else:  # the same pieces with the threshold overridden (select is static config)
+                sel, scores, index = option_seg.select(all_low, all_iou,
+                                                       multimask_output=multimask)
+                pred = Prediction(upsample(sel[index], predictor.transform),
+                                  option_seg.clamp_low_res(sel), scores, index)
             out[name, option, "segmenter"] = (np.asarray(pred.logits), np.asarray(pred.scores),
                                               np.asarray(pred.low_res_logits), int(pred.index))
             sel_low, sel_iou, _ = option_seg.select(rf_low, rf_iou, multimask_output=multimask)
@@ -290,19 +295,19 @@ def _jax_gradients(seg, params, predictor, image, target) -> dict:
     target_j = jnp.asarray(target, jnp.float32)
     cases = _case_prompts(*image.shape[:2])
     low = seg.config.low_res_size
+
+    def loss(points, box, base, multimask):
+        pred = seg.decode(params, predictor.features, base.replace(points=points, box=box),
+                          predictor.transform, multimask_output=multimask)
+        return dice(jax.nn.sigmoid(pred.logits), target_j)
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnames="multimask")
     out = {}
     for name, multimask in GRAD_CASES:
         kw = cases[name]
         base = make_prompts(kw.get("point_coords"), kw.get("point_labels"), kw.get("box"),
                             num_slots=4, mask_shape=(low, low))
-
-        def loss(points, box, base=base, multimask=multimask):
-            pred = seg.decode(params, predictor.features, base.replace(points=points, box=box),
-                              predictor.transform, multimask_output=multimask)
-            return dice(jax.nn.sigmoid(pred.logits), target_j)
-
-        value, (g_pts, g_box) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(
-            base.points, base.box)
+        value, (g_pts, g_box) = grad(base.points, base.box, base, multimask=multimask)
         n = 0 if kw.get("point_coords") is None else len(kw["point_coords"])
         out[name, multimask] = (np.asarray(g_pts)[:n] if n else None,
                                 np.asarray(g_box) if "box" in kw else None, float(value))

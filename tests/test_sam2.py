@@ -169,6 +169,8 @@ def test_preprocess_resizes_to_square_without_aspect(model):
     assert transform.frame_hw == (56, 72)
     with pytest.raises(ValueError, match="shape"):
         seg.preprocess(image[..., :2])
+    traced = jax.jit(seg.traced_model_input)(jnp.asarray(image, jnp.float32))
+    np.testing.assert_allclose(traced, x, atol=1e-5)
 
 
 def test_one_program_for_every_prompt_mix_and_padding_invariance(model, decode, predictor):

@@ -48,7 +48,8 @@ from jaxseg_robust.models.sam.segmenter import make_transform
 from jaxseg_robust.models.sam2.config import Sam2Config
 from jaxseg_robust.models.sam2.image_encoder import Sam2ImageEncoder
 from jaxseg_robust.models.sam2.mask_decoder import Sam2MaskDecoder
-from jaxseg_robust.ops.resize import apply_taps, resize_bilinear_antialias_host, traced_linear_taps
+from jaxseg_robust.ops.resize import (apply_taps, resize_bilinear_antialias,
+                                      resize_bilinear_antialias_host, traced_linear_taps)
 from jaxseg_robust.prompts.types import Prompts
 
 OUTSIDE_LOGIT = -1e4  # logits of frame pixels outside the original image (sigmoid == 0)
@@ -207,6 +208,21 @@ class Sam2Segmenter:
                                                                            np.float32)
         h, w = int(image.shape[0]), int(image.shape[1])
         return jnp.asarray(x), make_transform((h, w), (size, size), frame_hw)
+
+    def traced_model_input(self, image: jnp.ndarray) -> jnp.ndarray:
+        """`preprocess`'s model input as a jittable, differentiable function of the pixels.
+
+        Args:
+          image: f32[H, W, 3] on the 0..255 scale (static size).
+
+        Returns:
+          f32[S, S, 3] (the same numbers as `preprocess`, to float32 rounding).
+        """
+        cfg = self.config
+        size = cfg.image_size
+        resized = resize_bilinear_antialias(image / 255.0, (size, size))
+        return ((resized - jnp.asarray(cfg.pixel_mean, resized.dtype))
+                / jnp.asarray(cfg.pixel_std, resized.dtype))
 
     def _batched_input(self, model_input: jnp.ndarray) -> tuple[jnp.ndarray, bool]:
         """Checks a model input; returns (f32[B, S, S, 3], whether it was one image)."""
