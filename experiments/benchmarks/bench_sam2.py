@@ -28,6 +28,12 @@ Reported per model:
     three candidates); prompts/s and the throughput ratio jax/torch (target
     on CPU: >= 1.5).
 
+Memory: the official batched decode repeats the image embedding and both
+high-resolution feature maps once per prompt set (N = 256: about 4 GB) and,
+with the tuned allocator, never returns memory; a two-model run with N = 256
+peaked at 14 GB on the 2-core machine (killed there). Run one model per process
+on small machines.
+
 ``--dtype bfloat16`` runs our image encoder in bfloat16 (parameters and the
 decoder stay float32) and torch's under ``autocast(bfloat16)``. Each timing is
 the median of ``--repeats`` runs after one warm-up (compile time reported
