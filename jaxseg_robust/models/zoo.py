@@ -39,8 +39,8 @@ DEFAULT_MODELS_DIR = "~/.cache/jaxseg_robust/models"
 # trained on synthetic shapes only. Real evaluations use ported official checkpoints.
 DEFAULT_MODEL = "sam_demo"
 PACKAGE_WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent / "weights"
-BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry", "jaxseg_robust.clicksim.click_models",
-                         "jaxseg_robust.models.clickmap.registry")
+BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry", "jaxseg_robust.models.sam2.registry",
+                         "jaxseg_robust.clicksim.click_models", "jaxseg_robust.models.clickmap.registry")
 
 
 @dataclasses.dataclass(frozen=True)
