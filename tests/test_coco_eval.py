@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 import pycocotools.mask as mask_utils
+from hypothesis import given
+from hypothesis import strategies as st
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
@@ -28,14 +30,18 @@ from jaxseg_robust import cli
 from jaxseg_robust.data import coco_rle
 from jaxseg_robust.data.coco_instances import CocoEvalWarning, CocoFormatError
 from jaxseg_robust.data.coco_panoptic import PanopticFormatError
+from jaxseg_robust.evaluation import instances as instance_eval
 from jaxseg_robust.evaluation.instances import InstanceEvalConfig, evaluate_instances
+from jaxseg_robust.evaluation.mask_counts import CountSettings, count_pairs, uses_runs
 from jaxseg_robust.evaluation.panoptic import PanopticEvalConfig, evaluate_panoptic
 from jaxseg_robust.metrics.coco_ap import COCO_SUMMARY_NAMES
 from jaxseg_robust.metrics.masks import boundary_width
+from jaxseg_robust.metrics.run_pairs import pair_intersections, run_table
 from jaxseg_robust.ops import morphology as morph
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import coco_toy  # noqa: E402
+from mask_patterns import PATTERNS, make_mask  # noqa: E402
 
 # ---- RLE -----------------------------------------------------------------------------------------
 
@@ -87,6 +93,56 @@ def test_many_strings_at_once_equal_one_at_a_time():
 def test_malformed_rle_strings_are_refused(bad):
     with pytest.raises(ValueError):
         coco_rle.string_runs(bad)
+
+
+# ---- run-length pair counts (the host path of mask AP) -------------------------------------------------
+
+def _runs_of(mask: np.ndarray, split: int = 0) -> np.ndarray:
+    """The mask's COCO run lengths; ``split`` > 0 cuts every ``split``-th run in two with an empty run between."""
+    runs = coco_rle.string_runs(mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"])
+    if not split:
+        return runs
+    out = []
+    for index, run in enumerate(runs):
+        out.extend([run // 2, 0, run - run // 2] if index % split == 0 and run > 1 else [run])
+    return np.array(out, np.int64)
+
+
+@given(st.lists(st.tuples(st.sampled_from(PATTERNS), st.floats(0.01, 0.99), st.integers(0, 2**32 - 1)),
+                min_size=1, max_size=5),
+       st.sampled_from([(1, 1), (1, 7), (6, 1), (9, 13), (33, 20)]), st.integers(0, 3))
+def test_run_intersections_equal_those_of_the_decoded_masks(drawn, shape, split):
+    masks = [make_mask(pattern, shape, density, seed) for pattern, density, seed in drawn]
+    others = [np.ones((4, 5), bool), np.zeros((3, 3), bool)]  # masks of other images in the same table
+    table = run_table([_runs_of(others[0])] + [_runs_of(m, split) for m in masks] + [_runs_of(others[1])])
+    np.testing.assert_array_equal(table.area, [20] + [m.sum() for m in masks] + [0])
+    pairs = np.array([(a, b) for a in range(1, len(masks) + 1) for b in range(1, len(masks) + 1)], np.int64)
+    expected = [(masks[a - 1] & masks[b - 1]).sum() for a, b in pairs]
+    np.testing.assert_array_equal(pair_intersections(table, pairs), expected)
+    assert pair_intersections(table, np.zeros((0, 2), np.int64)).shape == (0,)
+
+
+def test_mask_counts_from_runs_equal_the_device_counts(toy):
+    gt_dict, results = toy
+    config = InstanceEvalConfig(iou_type="segm", progress="none")
+    gt = instance_eval.load_ground_truth(gt_dict)
+    blocks, _ = instance_eval._select(gt, results, config, lambda message: None)
+    works, _ = instance_eval._image_work(gt, blocks)
+    settings = {path: CountSettings(with_boundary=False, progress="none", mask_path=path) for path in ("runs", "device")}
+    assert uses_runs(settings["runs"]) and not uses_runs(settings["device"])
+    assert not uses_runs(CountSettings(with_boundary=True, mask_path="runs"))  # bands need the device
+    on_runs, on_device = count_pairs(works, settings["runs"]), count_pairs(works, settings["device"])
+    assert sum(c is not None for c in on_runs) >= 5
+    for runs_counts, device_counts in zip(on_runs, on_device):
+        assert (runs_counts is None) == (device_counts is None)
+        if runs_counts is not None:
+            np.testing.assert_array_equal(runs_counts.area, device_counts.area)
+            np.testing.assert_array_equal(runs_counts.intersection, device_counts.intersection)
+    summaries = [evaluate_instances(gt_dict, results, InstanceEvalConfig(progress="none", mask_path=path)).summary
+                 for path in ("runs", "device")]
+    assert summaries[0] == summaries[1]
+    with pytest.raises(ValueError, match="mask_path"):
+        InstanceEvalConfig(mask_path="gpu")
 
 
 # ---- traced-radius morphology -----------------------------------------------------------------------

@@ -24,7 +24,7 @@ from jaxseg_robust.data.coco_instances import (
     load_ground_truth,
     read_json,
 )
-from jaxseg_robust.evaluation.mask_counts import CountSettings, ImageWork, count_pairs
+from jaxseg_robust.evaluation.mask_counts import MASK_PATHS, CountSettings, ImageWork, count_pairs
 from jaxseg_robust.metrics import coco_ap
 from jaxseg_robust.metrics.mask_pairs import boundary_ap_ious, pair_ious
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
@@ -46,6 +46,8 @@ class InstanceEvalConfig:
       lvis_max_dets: LVIS detections kept per image (300).
       chunk_masks: masks per device call.
       progress: progress display on stderr (``auto``, ``tqdm``, ``plain``, ``none``).
+      mask_path: where mask AP counts are taken (``auto``, ``runs``, ``device``;
+        `jaxseg_robust.evaluation.mask_counts.CountSettings`); Boundary AP always uses the device.
     """
 
     iou_type: str = "segm"
@@ -54,6 +56,7 @@ class InstanceEvalConfig:
     lvis_max_dets: int = 300
     chunk_masks: int = 64
     progress: str = "auto"
+    mask_path: str = "auto"
 
     def __post_init__(self):
         if self.iou_type not in IOU_TYPES:
@@ -64,6 +67,14 @@ class InstanceEvalConfig:
             raise ValueError(f"dilation_ratio must be > 0, got {self.dilation_ratio!r}")
         if self.chunk_masks < 1 or self.lvis_max_dets < 1:
             raise ValueError("chunk_masks and lvis_max_dets must be >= 1")
+        if self.mask_path not in MASK_PATHS:
+            raise ValueError(f"mask_path must be one of {MASK_PATHS}, got {self.mask_path!r}")
+
+    @property
+    def count_settings(self) -> CountSettings:
+        """The settings of the pair counts (`jaxseg_robust.evaluation.mask_counts`)."""
+        return CountSettings(dilation_ratio=self.dilation_ratio, with_boundary=self.iou_type == "boundary",
+                             chunk_masks=self.chunk_masks, progress=self.progress, mask_path=self.mask_path)
 
     @property
     def params(self) -> coco_ap.APParams:
@@ -271,9 +282,7 @@ def evaluate_instances(ground_truth, results, config: InstanceEvalConfig = Insta
     gt = load_ground_truth(ground_truth)
     blocks, n_detections = _select(gt, results, config, warn)
     works, where = _image_work(gt, blocks)
-    settings = CountSettings(dilation_ratio=config.dilation_ratio, with_boundary=config.iou_type == "boundary",
-                             chunk_masks=config.chunk_masks, progress=config.progress)
-    counts = count_pairs(works, settings)
+    counts = count_pairs(works, config.count_settings)
     per_category = _make_blocks(gt, blocks, works, counts, where, config)
     matches = [coco_ap.match_blocks(category_blocks, config.params) for category_blocks in per_category]
     accumulated = coco_ap.accumulate(per_category, matches, config.params)

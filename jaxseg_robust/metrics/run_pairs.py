@@ -1,0 +1,118 @@
+"""Pixel counts of mask pairs straight from their run-length encodings (host NumPy, no decoding).
+
+Follows docs/protocols/boundary_ap_pq.md ("How it runs"). Mask AP needs, per
+(detection, ground truth) pair, only the two areas and the intersection, all
+of which follow from the COCO run lengths: a mask is a sorted list of
+foreground intervals ``[start, end)`` of the column-major pixel index, and the
+intersection of two masks is the sum, over the intervals of one, of the other
+mask's foreground pixels inside it. That is what pycocotools' ``rleIou`` does
+in C by merging the two run lists; here it is one vectorised pass over every
+pair of a batch: the intervals of the mask with fewer intervals (only those
+that reach into the other mask's extent) are looked up among the other mask's
+interval starts with ``searchsorted``, and the other mask's cumulative
+foreground count is read off there. The cost is O(runs · log runs), no pixel
+is touched, and every count is an exact integer.
+
+The device path (`jaxseg_robust.metrics.mask_pairs`) decodes into packed bits
+and also computes boundary bands; on a CPU, for mask AP, this path is faster
+(docs/protocols/boundary_ap_pq.md, "Performance").
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class RunTable(NamedTuple):
+    """The foreground intervals of ``N`` masks, concatenated (int64 host arrays).
+
+    Attributes:
+      starts, ends: [I] interval bounds (column-major pixel index, ``end`` exclusive),
+        sorted and disjoint within each mask; empty intervals are dropped.
+      first: [N + 1] mask ``m`` owns intervals ``first[m]:first[m + 1]``.
+      before: [I] foreground pixels of the mask before each interval.
+      area: [N] foreground pixels of each mask.
+    """
+
+    starts: np.ndarray
+    ends: np.ndarray
+    first: np.ndarray
+    before: np.ndarray
+    area: np.ndarray
+
+
+def run_table(runs: list) -> RunTable:
+    """The :class:`RunTable` of masks given by their COCO run lengths (background first), all at once.
+
+    Args:
+      runs: list of N int arrays [m_i] of non-negative run lengths.
+    """
+    counts = np.fromiter((len(r) for r in runs), np.int64, len(runs))
+    lengths = np.concatenate(runs).astype(np.int64, copy=False) if runs else np.zeros(0, np.int64)
+    owner = np.repeat(np.arange(len(runs)), counts)
+    run_first = np.cumsum(counts) - counts
+    position = np.cumsum(lengths)
+    mask_base = np.concatenate([[0], position])[run_first]  # pixels of the masks before each mask
+    local = np.arange(lengths.size) - run_first[owner]
+    foreground = ((local & 1) == 1) & (lengths > 0)
+    ends = position[foreground] - mask_base[owner[foreground]]
+    sizes = lengths[foreground]
+    interval_owner = owner[foreground]
+    first = np.concatenate([[0], np.cumsum(np.bincount(interval_owner, minlength=len(runs)))])
+    total = np.concatenate([[0], np.cumsum(sizes)])
+    before = total[:-1] - total[first[:-1]][interval_owner]
+    return RunTable(ends - sizes, ends, first, before, total[first[1:]] - total[first[:-1]])
+
+
+def _foreground_up_to(table: RunTable, keys: np.ndarray, start_keys: np.ndarray, mask: np.ndarray,
+                      points: np.ndarray) -> np.ndarray:
+    """int64: foreground pixels of ``mask`` at pixel indices ``< points`` (arrays of one shape)."""
+    index = np.searchsorted(start_keys, keys, side="right") - 1
+    inside = index >= table.first[mask]
+    index = np.where(inside, index, 0)
+    covered = np.minimum(points - table.starts[index], table.ends[index] - table.starts[index])
+    return np.where(inside, table.before[index] + covered, 0)
+
+
+def pair_intersections(table: RunTable, pairs: np.ndarray) -> np.ndarray:
+    """int64 [P]: pixels of ``mask[a] AND mask[b]`` for each pair ``(a, b)`` of table indices.
+
+    Args:
+      table: the masks' :class:`RunTable`; pairs: int [P, 2].
+    """
+    pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
+    if pairs.shape[0] == 0 or table.starts.size == 0:
+        return np.zeros(pairs.shape[0], np.int64)
+    n_intervals = np.diff(table.first)
+    fewer = n_intervals[pairs[:, 0]] <= n_intervals[pairs[:, 1]]
+    query = np.where(fewer, pairs[:, 0], pairs[:, 1])  # walk the intervals of the mask with fewer of them
+    target = np.where(fewer, pairs[:, 1], pairs[:, 0])
+    order = np.lexsort((query, target))  # look-ups of one target next to each other: cache-friendly searches
+    query, target = query[order], target[order]
+    stride = np.int64(table.ends.max()) + 1
+    interval_owner = np.repeat(np.arange(n_intervals.size), n_intervals)
+    start_keys = interval_owner * stride + table.starts  # sorted: masks in order, intervals in order
+    end_keys = interval_owner * stride + table.ends
+    both = (n_intervals[query] > 0) & (n_intervals[target] > 0)
+    target_first = table.starts[np.where(both, table.first[target], 0)]
+    target_last = table.ends[np.where(both, table.first[target + 1] - 1, 0)]
+    low = np.searchsorted(end_keys, query * stride + target_first, side="right")
+    high = np.searchsorted(start_keys, query * stride + target_last, side="left")
+    taken = np.where(both, np.maximum(high - low, 0), 0)  # query intervals reaching into the target's extent
+    pair_of = np.repeat(np.arange(pairs.shape[0]), taken)
+    offsets = np.cumsum(taken)
+    interval = low[pair_of] + np.arange(pair_of.size) - (offsets - taken)[pair_of]
+    owner = target[pair_of]
+    base = owner * stride
+    starts, ends = table.starts[interval], table.ends[interval]
+    inside = (_foreground_up_to(table, base + ends, start_keys, owner, ends)
+              - _foreground_up_to(table, base + starts, start_keys, owner, starts))
+    running = np.concatenate([[0], np.cumsum(inside)])
+    out = np.empty(pairs.shape[0], np.int64)
+    out[order] = running[offsets] - running[offsets - taken]
+    return out
+
+
+__all__ = ["RunTable", "run_table", "pair_intersections"]
