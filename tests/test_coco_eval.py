@@ -85,6 +85,11 @@ def test_many_strings_at_once_equal_one_at_a_time():
     together = coco_rle.strings_runs(strings)
     for string, runs, mask in zip(strings, together, masks):
         assert coco_rle.runs_to_string(runs) == string.decode("ascii") and runs.sum() == mask.size
+    hand_made = [0, 5, 3, 100000, 2, 7, 1, 1, 0, 2**40, 0]  # long numbers, negative differences, empty runs
+    mixed = ["", coco_rle.runs_to_string(hand_made), "", strings[0], coco_rle.runs_to_string([7])]
+    runs, counts = coco_rle.strings_runs_flat(mixed)
+    assert counts.tolist() == [0, len(hand_made), 0, len(together[0]), 1]
+    np.testing.assert_array_equal(runs, np.concatenate([hand_made, together[0], [7]]))
     with pytest.raises(ValueError, match="string 2: the last number is truncated"):
         coco_rle.strings_runs(strings[:2] + ["5c"] + strings[2:])
 
