@@ -287,6 +287,35 @@ def test_malformed_rle_and_size_mismatch_are_named(toy):
         evaluate_instances(no_area, results, InstanceEvalConfig(progress="none"))
 
 
+def test_ground_truth_rle_problems_name_the_annotation(toy):
+    gt, results = toy
+    rle_index = next(i for i, a in enumerate(gt["annotations"]) if isinstance(a["segmentation"], dict))
+    broken = copy.deepcopy(gt)
+    broken["annotations"][rle_index]["segmentation"]["counts"] += "0"  # one run too many
+    ann = broken["annotations"][rle_index]
+    with pytest.raises(CocoFormatError, match=rf"annotation {ann['id']} \(image {ann['image_id']}\): RLE runs cover"):
+        evaluate_instances(broken, results, InstanceEvalConfig(progress="none"))
+    broken["annotations"][rle_index]["segmentation"]["counts"] = "!!"
+    with pytest.raises(CocoFormatError, match=rf"annotation {ann['id']} .*outside the RLE alphabet"):
+        evaluate_instances(broken, results, InstanceEvalConfig(progress="none"))
+
+
+def test_uncompressed_rle_and_polygon_results_equal_compressed_ones(toy):
+    gt, results = toy
+    mixed = copy.deepcopy(results)
+    for index in range(0, len(mixed), 3):
+        rle = mixed[index]["segmentation"]
+        mixed[index]["segmentation"] = {"size": rle["size"], "counts": coco_rle.string_runs(rle["counts"]).tolist()}
+    square = [[2.0, 2.0, 12.0, 2.0, 12.0, 9.0, 2.0, 9.0]]
+    height, width = next((i["height"], i["width"]) for i in gt["images"] if i["id"] == mixed[1]["image_id"])
+    mixed[1]["segmentation"] = square
+    expected = copy.deepcopy(results)
+    expected[1]["segmentation"] = coco_toy.encode(mask_utils.decode(mask_utils.merge(
+        mask_utils.frPyObjects(square, height, width))).astype(bool))
+    config = InstanceEvalConfig(progress="none")
+    assert evaluate_instances(gt, mixed, config).summary == evaluate_instances(gt, expected, config).summary
+
+
 def test_unknown_categories_warn_and_are_skipped_like_the_official_evaluator(toy):
     gt, results = toy
     with pytest.warns(CocoEvalWarning, match=r"category ids not in the ground truth.*77"):
