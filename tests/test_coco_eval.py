@@ -130,9 +130,7 @@ def test_run_intersections_equal_those_of_the_decoded_masks(drawn, shape, split)
 def test_mask_counts_from_runs_equal_the_device_counts(toy):
     gt_dict, results = toy
     config = InstanceEvalConfig(iou_type="segm", progress="none")
-    gt = instance_eval.load_ground_truth(gt_dict)
-    blocks, _ = instance_eval._select(gt, results, config, lambda message: None)
-    works, _ = instance_eval._image_work(gt, blocks)
+    works = instance_eval.prepare_instances(gt_dict, results, config).works
     settings = {path: CountSettings(with_boundary=False, progress="none", mask_path=path) for path in ("runs", "device")}
     assert uses_runs(settings["runs"]) and not uses_runs(settings["device"])
     assert not uses_runs(CountSettings(with_boundary=True, mask_path="runs"))  # bands need the device

@@ -57,34 +57,56 @@ COCO_PARAMS = APParams()
 LVIS_PARAMS = APParams(max_dets=(None,), upper_inclusive=False)
 
 
-class Block(NamedTuple):
-    """One (image, category) of the evaluation (host arrays).
+class Blocks(NamedTuple):
+    """The blocks of an evaluation, one (image, category) each, stored column-wise (host arrays).
+
+    Within a block, ground truths are in file order and detections in
+    decreasing score (stable) order, capped as the reference caps them; the
+    blocks of one category are in increasing image id order.
 
     Attributes:
-      ious: float64 [D, G] detection x ground-truth similarity (rows in detection order).
-      gt_area: float64 [G] the annotations' ``area`` field.
-      gt_ignore: bool [G] ``ignore`` or ``iscrowd`` set.
-      gt_crowd: bool [G] ``iscrowd`` set (crowd regions can match several detections).
-      dt_area: float64 [D]; dt_score: float64 [D] (non-increasing).
-      dt_unpenalised: bool, unmatched detections are ignored (LVIS: the category
+      category: int [B] category index (0 .. K-1) of each block.
+      n_dt, n_gt: int [B] detections and ground truths of each block.
+      ious: float64 [sum n_dt * n_gt]: each block's [n_dt, n_gt] similarity matrix, row-major, block after block.
+      gt_area: float64 [sum n_gt] the annotations' ``area`` field; gt_ignore: bool, ``ignore`` or
+        ``iscrowd`` set; gt_crowd: bool, ``iscrowd`` set (crowd regions can match several detections).
+      dt_area, dt_score: float64 [sum n_dt].
+      dt_unpenalised: bool [B], unmatched detections of the block are ignored (LVIS: the category
         is in the image's ``not_exhaustive_category_ids``).
     """
 
+    category: np.ndarray
+    n_dt: np.ndarray
+    n_gt: np.ndarray
     ious: np.ndarray
     gt_area: np.ndarray
     gt_ignore: np.ndarray
     gt_crowd: np.ndarray
     dt_area: np.ndarray
     dt_score: np.ndarray
-    dt_unpenalised: bool = False
+    dt_unpenalised: np.ndarray
 
 
-class BlockMatches(NamedTuple):
-    """Matching of one block: ``dt_matched``/``dt_ignore`` bool [A, T, D], ``gt_ignore`` bool [A, G]."""
+class Matches(NamedTuple):
+    """The matching of every block, block after block: ``dt_matched``/``dt_ignore`` bool [A, T, sum n_dt],
+    ``gt_ignore`` bool [A, sum n_gt]."""
 
     dt_matched: np.ndarray
     dt_ignore: np.ndarray
     gt_ignore: np.ndarray
+
+
+def piece_starts(counts: np.ndarray) -> np.ndarray:
+    """int64 [B]: where each of B consecutive pieces of the given sizes starts."""
+    counts = np.asarray(counts, np.int64)
+    return np.cumsum(counts) - counts
+
+
+def piece_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(piece of each element, index of the element within its piece) for consecutive pieces of these sizes."""
+    counts = np.asarray(counts, np.int64)
+    piece = np.repeat(np.arange(counts.size), counts)
+    return piece, np.arange(piece.size) - piece_starts(counts)[piece]
 
 
 def out_of_range(area, params: APParams) -> np.ndarray:
@@ -145,45 +167,46 @@ def _pad_to(size: int) -> int:
     return 1 << max(int(size) - 1, 0).bit_length()
 
 
-def match_blocks(blocks: list[Block], params: APParams) -> list[BlockMatches]:
-    """The reference's ``evaluateImg`` for every block and area range (vectorised over blocks).
+def _match_padded(blocks: Blocks, members: np.ndarray, shape: tuple[int, int], gt_ignore: np.ndarray,
+                  out: tuple[np.ndarray, np.ndarray]) -> None:
+    """Matches the blocks ``members`` (all with detections and ground truths) padded to ``shape`` = (D, G).
 
-    Returns:
-      one BlockMatches per block, in order.
+    Writes their detections' columns of ``out`` = (matched, on ignored) [A, T, sum n_dt].
     """
-    n_thr = IOU_THRESHOLDS.size
-    results: list[BlockMatches | None] = [None] * len(blocks)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for index, block in enumerate(blocks):
-        n_dt, n_gt = block.ious.shape if block.ious.size else (block.dt_score.size, block.gt_area.size)
-        groups.setdefault((_pad_to(n_dt) if n_gt and n_dt else 0, _pad_to(n_gt) if n_gt and n_dt else 0),
-                          []).append(index)
-    for (n_dt, n_gt), members in groups.items():
-        if n_dt and n_gt:
-            ious = np.full((len(members), n_dt, n_gt), -np.inf)
-            crowd = np.zeros((len(members), n_gt), bool)
-            ignore = np.ones((len(members), len(AREA_RANGES), n_gt), bool)
-            for row, index in enumerate(members):
-                block = blocks[index]
-                d, g = block.ious.shape
-                ious[row, :d, :g] = block.ious
-                crowd[row, :g] = block.gt_crowd
-                ignore[row, :, :g] = block.gt_ignore[None, :] | out_of_range(block.gt_area, params)
-            matched, on_ignored = _match_group(ious, crowd, ignore)
-        for row, index in enumerate(members):
-            block = blocks[index]
-            n_block_dt = block.dt_score.size
-            gt_ignore = block.gt_ignore[None, :] | out_of_range(block.gt_area, params)
-            if n_dt and n_gt:
-                dt_matched = matched[row, :, :, :n_block_dt]
-                dt_ignore = on_ignored[row, :, :, :n_block_dt]
-            else:
-                dt_matched = np.zeros((len(AREA_RANGES), n_thr, n_block_dt), bool)
-                dt_ignore = dt_matched.copy()
-            unmatched_ignored = out_of_range(block.dt_area, params) | block.dt_unpenalised
-            dt_ignore = dt_ignore | (~dt_matched & unmatched_ignored[:, None, :])
-            results[index] = BlockMatches(dt_matched, dt_ignore, gt_ignore)
-    return results
+    n_dt, n_gt = blocks.n_dt[members], blocks.n_gt[members]
+    gt_first, dt_first = piece_starts(blocks.n_gt)[members], piece_starts(blocks.n_dt)[members]
+    iou_first = piece_starts(blocks.n_dt * blocks.n_gt)[members]
+    ious = np.full((members.size,) + shape, -np.inf)
+    row, pair = piece_positions(n_dt * n_gt)
+    ious[row, pair // n_gt[row], pair % n_gt[row]] = blocks.ious[iou_first[row] + pair]
+    crowd = np.zeros((members.size, shape[1]), bool)
+    ignore = np.ones((members.size, len(AREA_RANGES), shape[1]), bool)
+    row, g = piece_positions(n_gt)
+    crowd[row, g] = blocks.gt_crowd[gt_first[row] + g]
+    ignore[row, :, g] = gt_ignore[:, gt_first[row] + g].T
+    matched, on_ignored = _match_group(ious, crowd, ignore)
+    row, d = piece_positions(n_dt)
+    out[0][:, :, dt_first[row] + d] = matched[row, :, :, d].transpose(1, 2, 0)
+    out[1][:, :, dt_first[row] + d] = on_ignored[row, :, :, d].transpose(1, 2, 0)
+
+
+def match_blocks(blocks: Blocks, params: APParams) -> Matches:
+    """The reference's ``evaluateImg`` for every block and area range.
+
+    Blocks are grouped by their size rounded up to powers of two and each
+    group is matched at once (`_match_group`), whatever its categories.
+    """
+    gt_ignore = blocks.gt_ignore[None, :] | out_of_range(blocks.gt_area, params)
+    shape = (len(AREA_RANGES), IOU_THRESHOLDS.size, blocks.dt_score.size)
+    matched, on_ignored = np.zeros(shape, bool), np.zeros(shape, bool)
+    both = np.flatnonzero((blocks.n_dt > 0) & (blocks.n_gt > 0))
+    padded = np.array([[_pad_to(d), _pad_to(g)] for d, g in zip(blocks.n_dt[both], blocks.n_gt[both])],
+                      np.int64).reshape(-1, 2)
+    for size in np.unique(padded, axis=0):
+        members = both[(padded == size).all(axis=1)]
+        _match_padded(blocks, members, (int(size[0]), int(size[1])), gt_ignore, (matched, on_ignored))
+    unmatched_ignored = out_of_range(blocks.dt_area, params) | np.repeat(blocks.dt_unpenalised, blocks.n_dt)
+    return Matches(matched, on_ignored | (~matched & unmatched_ignored[:, None, :]), gt_ignore)
 
 
 class Accumulated(NamedTuple):
@@ -193,63 +216,99 @@ class Accumulated(NamedTuple):
     recall: np.ndarray
 
 
-def _precision_at_recalls(tp_sum: np.ndarray, fp_sum: np.ndarray, n_gt: int) -> tuple[np.ndarray, np.ndarray]:
-    """(precision [T, R], final recall [T]) from cumulative TP/FP counts [T, n] (the reference's steps)."""
-    n = tp_sum.shape[1]
-    recall = tp_sum / n_gt
+def _recall_steps(n_gt: np.ndarray) -> np.ndarray:
+    """int64 [A, R]: for each ground-truth count, the fewest true positives whose recall reaches each threshold.
+
+    ``k`` true positives give the reference's recall ``k / n_gt`` (float64);
+    its ``searchsorted(recall, r, "left")`` finds the first detection where
+    that reaches ``r``, i.e. where the TP count first reaches this ``k``.
+    """
+    steps = np.zeros((n_gt.size, RECALL_THRESHOLDS.size), np.int64)
+    for a, count in enumerate(n_gt):
+        if count:
+            steps[a] = np.searchsorted(np.arange(count + 1) / int(count), RECALL_THRESHOLDS, side="left")
+    return steps
+
+
+def _category_precision(tps: np.ndarray, fps: np.ndarray, n_gt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Precision at the recall thresholds and final recall of one category, every setting at once.
+
+    The reference's steps for each row: cumulative TP / FP counts, recall
+    ``tp / n_gt``, precision ``tp / (tp + fp + eps)`` made non-increasing from
+    the right, read at the first detection whose recall reaches each
+    threshold (0 past the last detection).
+
+    Args:
+      tps, fps: bool [A, M, T, n] detections (score order) counted as true / false positives.
+      n_gt: int [A] non-ignored ground truths per area range (> 0 where used).
+
+    Returns:
+      (precision float64 [A, M, T, R], final recall float64 [A, M, T]).
+    """
+    n = tps.shape[-1]
+    if n == 0:  # no detection: precision 0 at every recall, recall 0 (the reference's ``nd == 0``)
+        return np.zeros(tps.shape[:3] + RECALL_THRESHOLDS.shape), np.zeros(tps.shape[:3])
+    tp_count = np.cumsum(tps, axis=-1)
+    tp_sum, fp_sum = tp_count.astype(np.float64), np.cumsum(fps, axis=-1).astype(np.float64)
     precision = tp_sum / (fp_sum + tp_sum + np.spacing(1))
-    envelope = np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1]
-    out = np.zeros((tp_sum.shape[0], RECALL_THRESHOLDS.size))
-    for t in range(tp_sum.shape[0]):
-        index = np.searchsorted(recall[t], RECALL_THRESHOLDS, side="left")
-        inside = index < n
-        out[t, inside] = envelope[t, index[inside]]
-    final = recall[:, -1] if n else np.zeros(tp_sum.shape[0])
+    envelope = np.maximum.accumulate(precision[..., ::-1], axis=-1)[..., ::-1].reshape(-1, n)
+    rows = tps.reshape(-1, n)
+    row, column = np.nonzero(rows)
+    per_row = tp_count[..., -1].reshape(-1)
+    rank = np.arange(row.size) - (np.cumsum(per_row) - per_row)[row]
+    reached = np.full((rows.shape[0], n + 2), n)  # reached[row, k]: first detection with k true positives
+    reached[:, 0] = 0
+    reached[row, rank + 1] = column
+    steps = np.minimum(_recall_steps(n_gt), n + 1)
+    wanted = np.broadcast_to(steps[:, None, None, :], tps.shape[:3] + steps.shape[-1:]).reshape(rows.shape[0], -1)
+    index = np.take_along_axis(reached, wanted, axis=1)
+    inside = index < n
+    values = np.take_along_axis(envelope, np.where(inside, index, 0), axis=1)
+    out = np.where(inside, values, 0.0).reshape(tps.shape[:3] + (-1,))
+    with np.errstate(divide="ignore", invalid="ignore"):  # areas without ground truth are dropped by the caller
+        final = tp_sum[..., -1] / n_gt[:, None, None]
     return out, final
 
 
-def _category_arrays(blocks: list[Block], matches: list[BlockMatches]):
-    """Concatenation over a category's blocks (image order): scores, rank in block, matched, ignore, gt ignore."""
-    scores = np.concatenate([b.dt_score for b in blocks]) if blocks else np.zeros(0)
-    ranks = np.concatenate([np.arange(b.dt_score.size) for b in blocks]) if blocks else np.zeros(0, int)
-    matched = np.concatenate([m.dt_matched for m in matches], axis=2)
-    ignore = np.concatenate([m.dt_ignore for m in matches], axis=2)
-    gt_ignore = np.concatenate([m.gt_ignore for m in matches], axis=1)
-    return scores, ranks, matched, ignore, gt_ignore
-
-
-def accumulate(blocks_by_category: list[list[Block]], matches_by_category: list[list[BlockMatches]],
-               params: APParams) -> Accumulated:
+def accumulate(blocks: Blocks, matches: Matches, n_categories: int, params: APParams) -> Accumulated:
     """The reference's ``accumulate``: precision at 101 recall points and final recall per setting.
 
+    Vectorised over area ranges, max-dets and thresholds: a detection beyond
+    a block's ``max_dets`` counts as neither TP nor FP instead of being left
+    out. That only repeats the counts of the detection before it (or leaves
+    zeros before the first one), which changes no precision envelope value
+    read and no first index where a recall is reached, so every number equals
+    the reference's.
+
     Args:
-      blocks_by_category: for each evaluated category (K, sorted ids), its
-        non-empty blocks in increasing image id order.
-      matches_by_category: the :func:`match_blocks` results, same structure.
+      blocks: every block (:class:`Blocks`); matches: their :func:`match_blocks`.
+      n_categories: K, the evaluated categories (indices in ``blocks.category``).
 
     Returns:
       Accumulated arrays.
     """
     n_thr, n_rec, n_area = IOU_THRESHOLDS.size, RECALL_THRESHOLDS.size, len(AREA_RANGES)
-    n_cat, n_max = len(blocks_by_category), len(params.max_dets)
-    precision = -np.ones((n_thr, n_rec, n_cat, n_area, n_max))
-    recall = -np.ones((n_thr, n_cat, n_area, n_max))
-    for k, (blocks, matches) in enumerate(zip(blocks_by_category, matches_by_category)):
-        if not blocks:
-            continue
-        scores, ranks, matched, ignore, gt_ignore = _category_arrays(blocks, matches)
-        order = np.argsort(-scores, kind="mergesort")
-        for a in range(n_area):
-            n_gt = int(np.count_nonzero(~gt_ignore[a]))
-            if n_gt == 0:
-                continue
-            for m, max_det in enumerate(params.max_dets):
-                keep = order if max_det is None else order[ranks[order] < max_det]
-                tps = matched[a][:, keep] & ~ignore[a][:, keep]
-                fps = ~matched[a][:, keep] & ~ignore[a][:, keep]
-                tp_sum = np.cumsum(tps, axis=1).astype(np.float64)
-                fp_sum = np.cumsum(fps, axis=1).astype(np.float64)
-                precision[:, :, k, a, m], recall[:, k, a, m] = _precision_at_recalls(tp_sum, fp_sum, n_gt)
+    n_max = len(params.max_dets)
+    precision = -np.ones((n_thr, n_rec, n_categories, n_area, n_max))
+    recall = -np.ones((n_thr, n_categories, n_area, n_max))
+    gt_category = np.repeat(blocks.category, blocks.n_gt)
+    n_gt = np.stack([np.bincount(gt_category, ~ignored, minlength=n_categories) for ignored in matches.gt_ignore],
+                    axis=1).astype(np.int64)  # [K, A]
+    dt_category = np.repeat(blocks.category, blocks.n_dt)
+    _, ranks = piece_positions(blocks.n_dt)
+    order = np.lexsort((-blocks.dt_score, dt_category))  # stable: within a category, ties keep block order
+    starts = piece_starts(np.bincount(dt_category, minlength=n_categories))
+    ends = np.append(starts[1:], order.size)
+    for k in np.flatnonzero(n_gt.any(axis=1)):
+        chosen = order[starts[k]:ends[k]]
+        kept = np.stack([np.ones(chosen.size, bool) if max_det is None else ranks[chosen] < max_det
+                         for max_det in params.max_dets])  # [M, n]
+        counted = ~matches.dt_ignore[:, None][..., chosen] & kept[None, :, None, :]  # [A, M, T, n]
+        hit = matches.dt_matched[:, None][..., chosen]
+        values, final = _category_precision(hit & counted, ~hit & counted, n_gt[k])
+        areas = np.flatnonzero(n_gt[k])
+        precision[:, :, k, areas, :] = values[areas].transpose(2, 3, 0, 1)
+        recall[:, k, areas, :] = final[areas].transpose(2, 0, 1)
     return Accumulated(precision, recall)
 
 
@@ -325,5 +384,5 @@ PER_CATEGORY_COLUMNS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
 __all__ = ["IOU_THRESHOLDS", "RECALL_THRESHOLDS", "AREA_RANGES", "AREA_LABELS", "COCO_SUMMARY_NAMES",
            "LVIS_SUMMARY_NAMES", "FREQUENCY_GROUPS", "PER_CATEGORY_COLUMNS", "APParams", "COCO_PARAMS",
-           "LVIS_PARAMS", "Block", "BlockMatches", "Accumulated", "out_of_range", "match_blocks", "accumulate",
-           "summary_value", "coco_summary", "lvis_summary", "per_category_ap"]
+           "LVIS_PARAMS", "Blocks", "Matches", "Accumulated", "out_of_range", "match_blocks", "accumulate",
+           "summary_value", "coco_summary", "lvis_summary", "per_category_ap", "piece_starts", "piece_positions"]
