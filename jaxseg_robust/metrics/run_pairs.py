@@ -30,7 +30,7 @@ class RunTable(NamedTuple):
 
     Attributes:
       starts, ends: [I] interval bounds (column-major pixel index, ``end`` exclusive),
-        sorted and disjoint within each mask; empty intervals are dropped.
+        sorted within each mask; an interval may be empty (a zero run in the RLE).
       first: [N + 1] mask ``m`` owns intervals ``first[m]:first[m + 1]``.
       before: [I] foreground pixels of the mask before each interval.
       area: [N] foreground pixels of each mask.
@@ -46,33 +46,41 @@ class RunTable(NamedTuple):
 def run_table(runs: list) -> RunTable:
     """The :class:`RunTable` of masks given by their COCO run lengths (background first), all at once.
 
+    Each mask's runs are padded to an even count (a last empty background
+    run), so that background / foreground runs alternate over the whole
+    concatenation and the intervals are two strided views of one cumulative sum.
+
     Args:
       runs: list of N int arrays [m_i] of non-negative run lengths.
     """
-    counts = np.fromiter((len(r) for r in runs), np.int64, len(runs))
-    lengths = np.concatenate(runs).astype(np.int64, copy=False) if runs else np.zeros(0, np.int64)
-    owner = np.repeat(np.arange(len(runs)), counts)
-    run_first = np.cumsum(counts) - counts
-    position = np.cumsum(lengths)
-    mask_base = np.concatenate([[0], position])[run_first]  # pixels of the masks before each mask
-    local = np.arange(lengths.size) - run_first[owner]
-    foreground = ((local & 1) == 1) & (lengths > 0)
-    ends = position[foreground] - mask_base[owner[foreground]]
-    sizes = lengths[foreground]
-    interval_owner = owner[foreground]
-    first = np.concatenate([[0], np.cumsum(np.bincount(interval_owner, minlength=len(runs)))])
-    total = np.concatenate([[0], np.cumsum(sizes)])
-    before = total[:-1] - total[first[:-1]][interval_owner]
-    return RunTable(ends - sizes, ends, first, before, total[first[1:]] - total[first[:-1]])
+    counts = np.fromiter(map(len, runs), np.int64, len(runs))
+    odd = np.flatnonzero(counts & 1)
+    pieces = list(runs)
+    for index in odd[::-1]:
+        pieces.insert(int(index) + 1, _EMPTY_RUN)
+    position = np.cumsum(np.concatenate(pieces).astype(np.int64, copy=False)) if pieces else np.zeros(0, np.int64)
+    intervals = (counts + 1) // 2
+    first = np.concatenate([[0], np.cumsum(intervals)])
+    owner = np.repeat(np.arange(len(runs)), intervals)
+    mask_base = np.concatenate([[0], position[1::2]])[first[:-1]]  # pixels of the masks before each mask
+    starts = position[0::2] - mask_base[owner]
+    ends = position[1::2] - mask_base[owner]
+    total = np.concatenate([[0], np.cumsum(ends - starts)])
+    before = total[:-1] - total[first[:-1]][owner]
+    return RunTable(starts, ends, first, before, total[first[1:]] - total[first[:-1]])
 
 
-def _foreground_up_to(table: RunTable, keys: np.ndarray, start_keys: np.ndarray, mask: np.ndarray,
-                      points: np.ndarray) -> np.ndarray:
+_EMPTY_RUN = np.zeros(1, np.int64)
+
+
+def _foreground_up_to(table: RunTable, start_keys: np.ndarray, mask: np.ndarray, points: np.ndarray,
+                      stride: np.int64) -> np.ndarray:
     """int64: foreground pixels of ``mask`` at pixel indices ``< points`` (arrays of one shape)."""
-    index = np.searchsorted(start_keys, keys, side="right") - 1
+    index = np.searchsorted(start_keys, mask * stride + points, side="right") - 1
     inside = index >= table.first[mask]
     index = np.where(inside, index, 0)
-    covered = np.minimum(points - table.starts[index], table.ends[index] - table.starts[index])
+    starts = table.starts[index]
+    covered = np.minimum(points - starts, table.ends[index] - starts)
     return np.where(inside, table.before[index] + covered, 0)
 
 
@@ -104,12 +112,9 @@ def pair_intersections(table: RunTable, pairs: np.ndarray) -> np.ndarray:
     pair_of = np.repeat(np.arange(pairs.shape[0]), taken)
     offsets = np.cumsum(taken)
     interval = low[pair_of] + np.arange(pair_of.size) - (offsets - taken)[pair_of]
-    owner = target[pair_of]
-    base = owner * stride
-    starts, ends = table.starts[interval], table.ends[interval]
-    inside = (_foreground_up_to(table, base + ends, start_keys, owner, ends)
-              - _foreground_up_to(table, base + starts, start_keys, owner, starts))
-    running = np.concatenate([[0], np.cumsum(inside)])
+    bounds = np.stack([table.starts[interval], table.ends[interval]], axis=1).reshape(-1)  # s0 e0 s1 e1 ...
+    up_to = _foreground_up_to(table, start_keys, np.repeat(target[pair_of], 2), bounds, stride)
+    running = np.concatenate([[0], np.cumsum(up_to[1::2] - up_to[0::2])])
     out = np.empty(pairs.shape[0], np.int64)
     out[order] = running[offsets] - running[offsets - taken]
     return out
