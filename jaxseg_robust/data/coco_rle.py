@@ -70,14 +70,14 @@ def strings_runs_flat(strings: list) -> tuple[np.ndarray, np.ndarray]:
     if longest > 12:
         fail(ends[np.argmax(group_lengths)], "a run length is too large")
     values = (chars[starts] & 0x1F).astype(np.int64)
-    longer = np.arange(ends.size)
+    longer = np.flatnonzero(group_lengths > 1)
     for position in range(1, longest):  # characters after the first of a number (few)
-        longer = longer[group_lengths[longer] > position]
+        if position > 1:
+            longer = longer[group_lengths[longer] > position]
         values[longer] += (chars[starts[longer] + position] & 0x1F).astype(np.int64) << (5 * position)
     negative = np.flatnonzero(chars[ends] & 0x10)
     values[negative] -= np.left_shift(np.int64(1), 5 * group_lengths[negative])
-    ends_before = np.concatenate([[0], np.cumsum(last)])  # numbers completed before each character
-    numbers = ends_before[string_end] - ends_before[string_end - lengths]
+    numbers = np.diff(np.searchsorted(ends, string_end), prepend=0)  # numbers ending in each string
     return _undo_differences(values, numbers), numbers
 
 
@@ -88,20 +88,21 @@ def _undo_differences(values: np.ndarray, numbers: np.ndarray) -> np.ndarray:
     ``1 <= j <= i`` and ``j = i (mod 2)``: two interleaved cumulative sums over
     the whole array, minus their value where each string's chains begin.
     """
-    first = np.cumsum(numbers) - numbers
-    owner = np.repeat(np.arange(numbers.size), numbers)
+    first = (np.cumsum(numbers) - numbers)[numbers > 0]
+    numbers = numbers[numbers > 0]
     chained = values.copy()
-    chained[first[numbers > 0]] = 0  # run 0 starts no chain
+    chained[first] = 0  # run 0 starts no chain
     running = np.empty_like(chained)
     running[0::2], running[1::2] = np.cumsum(chained[0::2]), np.cumsum(chained[1::2])
     padded = np.concatenate([[0, 0], running])  # padded[g + 2] = running[g]
-    # Chain base of string s for global parity p: running at the last position < first[s] of parity p.
-    base = np.empty((numbers.size, 2), np.int64)
+    # Chain bases of each string: running at the last positions before its first of either parity.
     odd_start = (first & 1).astype(bool)
-    base[:, 0] = np.where(odd_start, padded[first + 1], padded[first])  # position first-1 or first-2
-    base[:, 1] = np.where(odd_start, padded[first], padded[first + 1])
-    out = running - base[owner, np.arange(values.size) & 1]
-    out[first[numbers > 0]] = values[first[numbers > 0]]
+    base_even = np.where(odd_start, padded[first + 1], padded[first])  # position first-1 or first-2
+    base_odd = np.where(odd_start, padded[first], padded[first + 1])
+    base = np.repeat(base_even, numbers)
+    base[1::2] = np.repeat(base_odd, numbers)[1::2]
+    out = running - base
+    out[first] = values[first]
     return out
 
 
