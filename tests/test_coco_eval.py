@@ -34,6 +34,7 @@ from jaxseg_robust.evaluation import instances as instance_eval
 from jaxseg_robust.evaluation.instances import InstanceEvalConfig, evaluate_instances
 from jaxseg_robust.evaluation.mask_counts import CountSettings, count_pairs, uses_runs
 from jaxseg_robust.evaluation.panoptic import PanopticEvalConfig, evaluate_panoptic
+from jaxseg_robust.metrics import coco_ap
 from jaxseg_robust.metrics.coco_ap import COCO_SUMMARY_NAMES
 from jaxseg_robust.metrics.masks import boundary_width
 from jaxseg_robust.metrics.run_pairs import pair_intersections, run_table
@@ -258,6 +259,14 @@ def test_per_category_rows_and_undefined_settings(toy):
     assert [row["category_id"] for row in ours.per_category] == [1, 2, 5]
     precision = ours.accumulated.precision[:, :, 0, 0, -1]
     assert ours.per_category[0]["AP"] == pytest.approx(precision[precision > -1].mean())
+    acc = ours.accumulated
+    for k, row in enumerate(ours.per_category):  # all categories at once == each alone, to the bit
+        alone = coco_ap.Accumulated(acc.precision[:, :, k:k + 1], acc.recall[:, k:k + 1])
+        expected = [coco_ap.summary_value(alone, "ap"), coco_ap.summary_value(alone, "ap", iou=0.5),
+                    coco_ap.summary_value(alone, "ap", iou=0.75),
+                    *(coco_ap.summary_value(alone, "ap", area=a) for a in ("small", "medium", "large"))]
+        assert [row[name] for name in coco_ap.PER_CATEGORY_COLUMNS] == expected
+    assert any(row["APl"] == -1 for row in ours.per_category) or any(row["APs"] == -1 for row in ours.per_category)
 
 
 # ---- bad input -------------------------------------------------------------------------------------

@@ -366,18 +366,34 @@ def lvis_summary(acc: Accumulated, frequency_groups: list[list[int]]) -> dict[st
     return dict(zip(LVIS_SUMMARY_NAMES, values))
 
 
+def _row_means(values: np.ndarray) -> np.ndarray:
+    """float64 [K]: :func:`_mean_defined` of each row of ``values`` [K, n].
+
+    A row that is wholly defined (as every (category, area, max-dets) setting
+    is: accumulate fills it at once) is averaged along the contiguous axis,
+    which sums it in the same pairwise order as the 1-D mean of the row;
+    other rows go through :func:`_mean_defined`.
+    """
+    values = np.ascontiguousarray(values)
+    defined = values > -1
+    out = np.where(defined.all(axis=1), values.mean(axis=1) if values.shape[1] else -1.0, -1.0)
+    for k in np.flatnonzero(defined.any(axis=1) & ~defined.all(axis=1)):
+        out[k] = _mean_defined(values[k])
+    return out
+
+
 def per_category_ap(acc: Accumulated) -> np.ndarray:
-    """float64 [K, 6]: AP, AP50, AP75, APs, APm, APl of each category at the largest max_dets (-1 = undefined)."""
-    rows = []
-    for k in range(acc.precision.shape[2]):
-        single = Accumulated(acc.precision[:, :, k:k + 1], acc.recall[:, k:k + 1])
-        rows.append([
-            summary_value(single, "ap"),
-            summary_value(single, "ap", iou=0.5),
-            summary_value(single, "ap", iou=0.75),
-            *(summary_value(single, "ap", area=a) for a in ("small", "medium", "large")),
-        ])
-    return np.array(rows, np.float64).reshape(-1, 6)
+    """float64 [K, 6]: AP, AP50, AP75, APs, APm, APl of each category at the largest max_dets (-1 = undefined).
+
+    Each number is :func:`summary_value` of the category alone, computed for all categories at once.
+    """
+    precision = np.moveaxis(acc.precision[..., -1], 2, 0)  # [K, T, R, A]
+    n_cat = precision.shape[0]
+    columns = [precision[:, :, :, 0].reshape(n_cat, -1)]
+    for iou in (0.5, 0.75):
+        columns.append(precision[:, np.where(iou == IOU_THRESHOLDS)[0], :, 0].reshape(n_cat, -1))
+    columns += [precision[:, :, :, AREA_LABELS.index(a)].reshape(n_cat, -1) for a in ("small", "medium", "large")]
+    return np.stack([_row_means(values) for values in columns], axis=1).reshape(-1, 6)
 
 
 PER_CATEGORY_COLUMNS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
