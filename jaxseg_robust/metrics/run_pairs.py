@@ -54,10 +54,7 @@ def run_table(runs: list) -> RunTable:
       runs: list of N int arrays [m_i] of non-negative run lengths.
     """
     counts = np.fromiter(map(len, runs), np.int64, len(runs))
-    odd = np.flatnonzero(counts & 1)
-    pieces = list(runs)
-    for index in odd[::-1]:
-        pieces.insert(int(index) + 1, _EMPTY_RUN)
+    pieces = [piece for one, count in zip(runs, counts) for piece in ((one, _EMPTY_RUN) if count & 1 else (one,))]
     position = np.cumsum(np.concatenate(pieces).astype(np.int64, copy=False)) if pieces else np.zeros(0, np.int64)
     intervals = (counts + 1) // 2
     first = np.concatenate([[0], np.cumsum(intervals)])
