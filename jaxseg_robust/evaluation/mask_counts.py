@@ -34,7 +34,7 @@ CANVAS_LADDER = (256, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 2560, 3072, 40
 COMPILE_SECONDS = 2.5  # one chunk program, XLA on the 2-core CPU
 WORD_SECONDS = 4e-8  # device time per packed word of a mask (erosion, counts, pairs), same CPU
 MASK_PATHS = ("auto", "runs", "device")
-RUNS_PER_BATCH = 1 << 22  # run lengths per host batch of the runs path (bounds its memory to ~0.5 GB)
+RUNS_PER_BATCH = 1 << 18  # run lengths per host batch of the runs path (temporaries of a few MB, reused)
 
 
 class ImageWork(NamedTuple):
