@@ -153,10 +153,9 @@ def _match_group(ious: np.ndarray, crowd: np.ndarray, ignore: np.ndarray) -> tup
     for d in range(n_dt):
         iou = ious[:, d, :][:, None, None, :]
         candidate = (~taken | free_crowd) & (iou >= threshold)
-        regular, regular_ok = _last_best(np.where(candidate & ~ignore4, iou, -np.inf))
-        ignored, ignored_ok = _last_best(np.where(candidate & ignore4, iou, -np.inf))
-        pick = np.where(regular_ok, regular, ignored)
-        found = regular_ok | ignored_ok
+        regular_ok = (candidate & ~ignore4).any(axis=-1)
+        kind = np.where(regular_ok[..., None], ~ignore4, ignore4)  # regular ground truths if any is a candidate
+        pick, found = _last_best(np.where(candidate & kind, iou, -np.inf))
         matched[..., d] = found
         on_ignored[..., d] = found & ~regular_ok
         taken.reshape(-1, n_gt)[flat, pick.reshape(-1)] |= found.reshape(-1)
