@@ -269,6 +269,15 @@ def test_per_category_rows_and_undefined_settings(toy):
     assert any(row["APl"] == -1 for row in ours.per_category) or any(row["APs"] == -1 for row in ours.per_category)
 
 
+def test_accumulation_in_chunks_of_categories_equals_all_at_once(toy, monkeypatch):
+    gt, results = toy
+    whole = evaluate_instances(gt, results, InstanceEvalConfig(progress="none")).accumulated
+    monkeypatch.setattr(coco_ap, "ACCUMULATE_ELEMENTS", 1)  # one category per step
+    chunked = evaluate_instances(gt, results, InstanceEvalConfig(progress="none")).accumulated
+    np.testing.assert_array_equal(whole.precision, chunked.precision)
+    np.testing.assert_array_equal(whole.recall, chunked.recall)
+
+
 # ---- bad input -------------------------------------------------------------------------------------
 
 def test_results_for_unknown_images_are_named(toy):

@@ -215,69 +215,95 @@ class Accumulated(NamedTuple):
     recall: np.ndarray
 
 
+ACCUMULATE_ELEMENTS = 1 << 21  # (setting, detection) elements per vectorised accumulation step
+
+
 def _recall_steps(n_gt: np.ndarray) -> np.ndarray:
-    """int64 [A, R]: for each ground-truth count, the fewest true positives whose recall reaches each threshold.
+    """int64 [..., R]: for each ground-truth count (> 0), the fewest true positives whose recall reaches each threshold.
 
     ``k`` true positives give the reference's recall ``k / n_gt`` (float64);
     its ``searchsorted(recall, r, "left")`` finds the first detection where
     that reaches ``r``, i.e. where the TP count first reaches this ``k``.
+    Counts of 0 get ``k = 0`` (their settings are undefined).
     """
-    steps = np.zeros((n_gt.size, RECALL_THRESHOLDS.size), np.int64)
-    for a, count in enumerate(n_gt):
-        if count:
-            steps[a] = np.searchsorted(np.arange(count + 1) / int(count), RECALL_THRESHOLDS, side="left")
+    n_gt = np.asarray(n_gt, np.int64)
+    steps = np.zeros(n_gt.shape + RECALL_THRESHOLDS.shape, np.int64)
+    for count in np.unique(n_gt[n_gt > 0]):
+        steps[n_gt == count] = np.searchsorted(np.arange(count + 1) / int(count), RECALL_THRESHOLDS, side="left")
     return steps
 
 
-def _category_precision(tps: np.ndarray, fps: np.ndarray, n_gt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Precision at the recall thresholds and final recall of one category, every setting at once.
+def _segments_precision(tps: np.ndarray, fps: np.ndarray, lengths: np.ndarray,
+                        steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Precision at the recall thresholds of several categories' detections laid end to end, every setting at once.
 
-    The reference's steps for each row: cumulative TP / FP counts, recall
-    ``tp / n_gt``, precision ``tp / (tp + fp + eps)`` made non-increasing from
-    the right, read at the first detection whose recall reaches each
-    threshold (0 past the last detection).
+    The reference's steps for each setting row and category: cumulative TP /
+    FP counts, precision ``tp / (tp + fp + eps)`` made non-increasing from the
+    right, read at the first detection whose recall reaches each threshold
+    (0 past the last detection). Here counts restart at each category, the
+    first detection with ``k`` TPs is read off the TP positions, and the
+    right-to-left maximum from there is the maximum over the stretches
+    between consecutive read positions (``maximum.reduceat`` over the
+    precisions with a 0 after each category, which is what a threshold past
+    the last detection reads) accumulated from the right, all exact.
 
     Args:
-      tps, fps: bool [A, M, T, n] detections (score order) counted as true / false positives.
-      n_gt: int [A] non-ignored ground truths per area range (> 0 where used).
+      tps, fps: bool [rows, N]: detections (score order within each category)
+        counted as true / false positives in each setting row.
+      lengths: int [S] detections of each category (> 0), ``sum = N``.
+      steps: int [S, rows, R] TP count at which each recall threshold is reached (:func:`_recall_steps`).
 
     Returns:
-      (precision float64 [A, M, T, R], final recall float64 [A, M, T]).
+      (precision float64 [R, rows, S], TP count at the last detection int64 [rows, S]).
     """
-    n = tps.shape[-1]
-    if n == 0:  # no detection: precision 0 at every recall, recall 0 (the reference's ``nd == 0``)
-        return np.zeros(tps.shape[:3] + RECALL_THRESHOLDS.shape), np.zeros(tps.shape[:3])
-    tp_count = np.cumsum(tps, axis=-1)
-    tp_sum, fp_sum = tp_count.astype(np.float64), np.cumsum(fps, axis=-1).astype(np.float64)
-    precision = tp_sum / (fp_sum + tp_sum + np.spacing(1))
-    envelope = np.maximum.accumulate(precision[..., ::-1], axis=-1)[..., ::-1].reshape(-1, n)
-    rows = tps.reshape(-1, n)
-    row, column = np.nonzero(rows)
-    per_row = tp_count[..., -1].reshape(-1)
-    rank = np.arange(row.size) - (np.cumsum(per_row) - per_row)[row]
-    reached = np.full((rows.shape[0], n + 2), n)  # reached[row, k]: first detection with k true positives
-    reached[:, 0] = 0
-    reached[row, rank + 1] = column
-    steps = np.minimum(_recall_steps(n_gt), n + 1)
-    wanted = np.broadcast_to(steps[:, None, None, :], tps.shape[:3] + steps.shape[-1:]).reshape(rows.shape[0], -1)
-    index = np.take_along_axis(reached, wanted, axis=1)
-    inside = index < n
-    values = np.take_along_axis(envelope, np.where(inside, index, 0), axis=1)
-    out = np.where(inside, values, 0.0).reshape(tps.shape[:3] + (-1,))
-    with np.errstate(divide="ignore", invalid="ignore"):  # areas without ground truth are dropped by the caller
-        final = tp_sum[..., -1] / n_gt[:, None, None]
-    return out, final
+    n_rows, n = tps.shape
+    first = piece_starts(lengths)
+    segment = np.repeat(np.arange(lengths.size), lengths)
+    tp_count, fp_count = np.cumsum(tps, axis=1), np.cumsum(fps, axis=1)
+    tp_count -= np.concatenate([np.zeros((n_rows, 1), np.int64), tp_count], axis=1)[:, first][:, segment]
+    fp_count -= np.concatenate([np.zeros((n_rows, 1), np.int64), fp_count], axis=1)[:, first][:, segment]
+    tp_sum = tp_count.astype(np.float64)
+    separated = np.zeros((n_rows, n + lengths.size))  # each category's precisions, then a 0
+    separated[:, np.arange(n) + segment] = tp_sum / (fp_count.astype(np.float64) + tp_sum + np.spacing(1))
+    # reached[row, segment, k]: local index of the first detection with k TPs (its length when none), flattened.
+    width = lengths + 2
+    table_first = piece_starts(width)
+    row_width = int(width.sum())
+    reached = np.tile(np.repeat(lengths, width), n_rows)
+    reached[(np.arange(n_rows)[:, None] * row_width + table_first[None, :]).reshape(-1)] = 0
+    row, column = np.nonzero(tps)
+    owner = segment[column]
+    reached[row * row_width + table_first[owner] + tp_count[row, column]] = column - first[owner]
+    wanted = np.minimum(steps, (lengths + 1)[:, None, None]).transpose(1, 0, 2)  # [rows, S, R]
+    index = reached[(np.arange(n_rows) * row_width)[:, None, None] + table_first[None, :, None] + wanted]
+    position = index + ((np.arange(n_rows) * separated.shape[1])[:, None, None] + (first + np.arange(lengths.size)
+                                                                                     )[None, :, None])
+    stretches = np.maximum.reduceat(separated.reshape(-1), position.reshape(-1)).reshape(-1, steps.shape[-1])
+    envelope = np.maximum.accumulate(np.ascontiguousarray(stretches.T[::-1]), axis=0)[::-1]
+    return envelope.reshape(-1, n_rows, lengths.size), tp_count[:, first + lengths - 1]
+
+
+def _category_chunks(lengths: np.ndarray, per_chunk: int) -> list[np.ndarray]:
+    """Indices of consecutive categories, split so that each chunk holds at most ``per_chunk`` detections (or one category)."""
+    chunks, current, size = [], [], 0
+    for index, length in enumerate(lengths):
+        if current and size + length > per_chunk:
+            chunks.append(np.array(current))
+            current, size = [], 0
+        current.append(index)
+        size += int(length)
+    return chunks + [np.array(current)] if current else chunks
 
 
 def accumulate(blocks: Blocks, matches: Matches, n_categories: int, params: APParams) -> Accumulated:
     """The reference's ``accumulate``: precision at 101 recall points and final recall per setting.
 
-    Vectorised over area ranges, max-dets and thresholds: a detection beyond
-    a block's ``max_dets`` counts as neither TP nor FP instead of being left
-    out. That only repeats the counts of the detection before it (or leaves
-    zeros before the first one), which changes no precision envelope value
-    read and no first index where a recall is reached, so every number equals
-    the reference's.
+    Vectorised over categories, area ranges, max-dets and thresholds
+    (:func:`_segments_precision`): a detection beyond a block's ``max_dets``
+    counts as neither TP nor FP instead of being left out. That only repeats
+    the counts of the detection before it (or leaves zeros before the first
+    one), which changes no precision envelope value read and no first index
+    where a recall is reached, so every number equals the reference's.
 
     Args:
       blocks: every block (:class:`Blocks`); matches: their :func:`match_blocks`.
@@ -286,28 +312,40 @@ def accumulate(blocks: Blocks, matches: Matches, n_categories: int, params: APPa
     Returns:
       Accumulated arrays.
     """
-    n_thr, n_rec, n_area = IOU_THRESHOLDS.size, RECALL_THRESHOLDS.size, len(AREA_RANGES)
-    n_max = len(params.max_dets)
-    precision = -np.ones((n_thr, n_rec, n_categories, n_area, n_max))
-    recall = -np.ones((n_thr, n_categories, n_area, n_max))
+    n_thr, n_area, n_max = IOU_THRESHOLDS.size, len(AREA_RANGES), len(params.max_dets)
     gt_category = np.repeat(blocks.category, blocks.n_gt)
     n_gt = np.stack([np.bincount(gt_category, ~ignored, minlength=n_categories) for ignored in matches.gt_ignore],
                     axis=1).astype(np.int64)  # [K, A]
+    precision = np.zeros((n_thr, RECALL_THRESHOLDS.size, n_categories, n_area, n_max))
+    tp_final = np.zeros((n_thr, n_categories, n_area, n_max), np.int64)
     dt_category = np.repeat(blocks.category, blocks.n_dt)
     _, ranks = piece_positions(blocks.n_dt)
     order = np.lexsort((-blocks.dt_score, dt_category))  # stable: within a category, ties keep block order
-    starts = piece_starts(np.bincount(dt_category, minlength=n_categories))
-    ends = np.append(starts[1:], order.size)
-    for k in np.flatnonzero(n_gt.any(axis=1)):
-        chosen = order[starts[k]:ends[k]]
+    lengths = np.bincount(dt_category, minlength=n_categories)
+    first = piece_starts(lengths)
+    scored = np.flatnonzero(n_gt.any(axis=1) & (lengths > 0))  # categories with something to accumulate
+    steps = _recall_steps(n_gt)  # [K, A, R]
+    n_rows = n_area * n_max * n_thr
+    for chunk in _category_chunks(lengths[scored], max(1, ACCUMULATE_ELEMENTS // n_rows)):
+        categories = scored[chunk]
+        chosen = order[np.concatenate([np.arange(first[k], first[k] + lengths[k]) for k in categories])]
         kept = np.stack([np.ones(chosen.size, bool) if max_det is None else ranks[chosen] < max_det
                          for max_det in params.max_dets])  # [M, n]
         counted = ~matches.dt_ignore[:, None][..., chosen] & kept[None, :, None, :]  # [A, M, T, n]
         hit = matches.dt_matched[:, None][..., chosen]
-        values, final = _category_precision(hit & counted, ~hit & counted, n_gt[k])
-        areas = np.flatnonzero(n_gt[k])
-        precision[:, :, k, areas, :] = values[areas].transpose(2, 3, 0, 1)
-        recall[:, k, areas, :] = final[areas].transpose(2, 0, 1)
+        values, final = _segments_precision((hit & counted).reshape(n_rows, -1), (~hit & counted).reshape(n_rows, -1),
+                                            lengths[categories],
+                                            np.broadcast_to(steps[categories][:, :, None, None],
+                                                            (len(categories), n_area, n_max, n_thr, steps.shape[-1])
+                                                            ).reshape(len(categories), n_rows, -1))
+        # values [R, rows = (A, M, T), S], final [rows, S] -> [T, R, K, A, M], [T, K, A, M]
+        precision[:, :, categories] = values.reshape(-1, n_area, n_max, n_thr, len(categories)).transpose(3, 0, 4, 1, 2)
+        tp_final[:, categories] = final.reshape(n_area, n_max, n_thr, -1).transpose(2, 3, 0, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        recall = tp_final / n_gt[None, :, :, None]  # the reference's tp / n_gt, float64
+    undefined = (n_gt == 0)[:, :, None]
+    precision[:, :, undefined.repeat(n_max, axis=2)] = -1.0
+    recall[:, undefined.repeat(n_max, axis=2)] = -1.0
     return Accumulated(precision, recall)
 
 
