@@ -70,15 +70,34 @@ def run_table(runs: list) -> RunTable:
 _EMPTY_RUN = np.zeros(1, np.int64)
 
 
-def _foreground_up_to(table: RunTable, start_keys: np.ndarray, mask: np.ndarray, points: np.ndarray,
-                      stride: np.int64) -> np.ndarray:
-    """int64: foreground pixels of ``mask`` at pixel indices ``< points`` (arrays of one shape)."""
-    index = np.searchsorted(start_keys, mask * stride + points, side="right") - 1
-    inside = index >= table.first[mask]
-    index = np.where(inside, index, 0)
-    starts = table.starts[index]
-    covered = np.minimum(points - starts, table.ends[index] - starts)
-    return np.where(inside, table.before[index] + covered, 0)
+def _with_empty_heads(table: RunTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.int64]:
+    """Look-up arrays with an empty interval at pixel -1 ahead of each mask's intervals.
+
+    Returns (keys, shift, cap, stride): ``keys`` [I + N] = ``mask * stride +
+    start`` (sorted); for the interval found at or before a pixel ``p`` of the
+    same mask, the foreground pixels before ``p`` are ``min(p + shift, cap)``
+    (``shift = before - start``, ``cap = before + length``). The head
+    interval makes that 0 for pixels before the mask's first interval, so a
+    look-up never leaves its mask.
+    """
+    n_masks = table.area.size
+    stride = np.int64(table.ends.max() if table.ends.size else 0) + 2
+    counts = np.diff(table.first) + 1
+    slot = np.arange(table.starts.size) + np.repeat(np.arange(1, n_masks + 1), counts - 1)  # past the heads
+    head = piece_starts(counts)
+    keys = np.empty(counts.sum(), np.int64)
+    keys[head] = np.arange(n_masks) * stride - 1
+    keys[slot] = np.repeat(np.arange(n_masks) * stride, counts - 1) + table.starts
+    shift, cap = np.ones(keys.size, np.int64), np.zeros(keys.size, np.int64)  # head: min(p + 1, 0) = 0
+    shift[slot] = table.before - table.starts
+    cap[slot] = table.before + (table.ends - table.starts)
+    return keys, shift, cap, stride
+
+
+def piece_starts(counts: np.ndarray) -> np.ndarray:
+    """int64: where each of consecutive pieces of the given sizes starts."""
+    counts = np.asarray(counts, np.int64)
+    return np.cumsum(counts) - counts
 
 
 def pair_intersections(table: RunTable, pairs: np.ndarray) -> np.ndarray:
@@ -96,21 +115,21 @@ def pair_intersections(table: RunTable, pairs: np.ndarray) -> np.ndarray:
     target = np.where(fewer, pairs[:, 1], pairs[:, 0])
     order = np.lexsort((query, target))  # look-ups of one target next to each other: cache-friendly searches
     query, target = query[order], target[order]
-    stride = np.int64(table.ends.max()) + 1
+    keys, shift, cap, stride = _with_empty_heads(table)
     interval_owner = np.repeat(np.arange(n_intervals.size), n_intervals)
-    start_keys = interval_owner * stride + table.starts  # sorted: masks in order, intervals in order
-    end_keys = interval_owner * stride + table.ends
     both = (n_intervals[query] > 0) & (n_intervals[target] > 0)
     target_first = table.starts[np.where(both, table.first[target], 0)]
     target_last = table.ends[np.where(both, table.first[target + 1] - 1, 0)]
-    low = np.searchsorted(end_keys, query * stride + target_first, side="right")
-    high = np.searchsorted(start_keys, query * stride + target_last, side="left")
+    low = np.searchsorted(interval_owner * stride + table.ends, query * stride + target_first, side="right")
+    high = np.searchsorted(interval_owner * stride + table.starts, query * stride + target_last, side="left")
     taken = np.where(both, np.maximum(high - low, 0), 0)  # query intervals reaching into the target's extent
     pair_of = np.repeat(np.arange(pairs.shape[0]), taken)
     offsets = np.cumsum(taken)
     interval = low[pair_of] + np.arange(pair_of.size) - (offsets - taken)[pair_of]
-    bounds = np.stack([table.starts[interval], table.ends[interval]], axis=1).reshape(-1)  # s0 e0 s1 e1 ...
-    up_to = _foreground_up_to(table, start_keys, np.repeat(target[pair_of], 2), bounds, stride)
+    bounds = np.empty(2 * interval.size, np.int64)  # s0 e0 s1 e1 ...: sorted within a pair
+    bounds[0::2], bounds[1::2] = table.starts[interval], table.ends[interval]
+    found = np.searchsorted(keys, np.repeat(target[pair_of] * stride, 2) + bounds, side="right") - 1
+    up_to = np.minimum(bounds + shift[found], cap[found])  # foreground pixels of the target before each bound
     running = np.concatenate([[0], np.cumsum(up_to[1::2] - up_to[0::2])])
     out = np.empty(pairs.shape[0], np.int64)
     out[order] = running[offsets] - running[offsets - taken]
