@@ -26,13 +26,18 @@ WORD_BITS = 32
 _ALL = np.uint64(0xFFFFFFFF)
 
 
+CHUNK_CHARS = 1 << 17  # characters per vectorised pass: its arrays stay in the CPU caches
+
+
 def strings_runs_flat(strings: list) -> tuple[np.ndarray, np.ndarray]:
     """The run lengths of many compressed RLE strings (str or bytes), concatenated.
 
-    One vectorised pass over the concatenated characters (a per-string loop
-    costs tens of microseconds of NumPy overhead per mask). Most numbers of a
-    COCO string take one character, so the characters beyond the first of a
-    number are added in a short loop over their position.
+    Vectorised passes over the concatenated characters of chunks of about
+    ``CHUNK_CHARS`` characters (a per-string loop costs tens of microseconds
+    of NumPy overhead per mask; a chunk's arrays stay in the CPU caches, which
+    matters more than the per-chunk overhead). Most numbers of a COCO string
+    take one character, so the characters beyond the first of a number are
+    added in a short loop over their position.
 
     Returns:
       (runs int64 [M], counts int64 [len(strings)]): string ``i`` holds the
@@ -43,9 +48,27 @@ def strings_runs_flat(strings: list) -> tuple[np.ndarray, np.ndarray]:
         outside the code's alphabet, a truncated last number, or a run too
         large to be one.
     """
-    n_strings = len(strings)
     encoded = [s.encode("ascii") if isinstance(s, str) else bytes(s) for s in strings]
-    lengths = np.fromiter(map(len, encoded), np.int64, n_strings)
+    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    cuts = np.searchsorted(np.cumsum(lengths), np.arange(CHUNK_CHARS, int(lengths.sum()), CHUNK_CHARS), side="right")
+    bounds = [0, *sorted(set(cuts.tolist()) - {0, len(encoded)}), len(encoded)]
+    runs, counts = [], []
+    for first, last in zip(bounds[:-1], bounds[1:]):
+        try:
+            chunk_runs, chunk_counts = _chunk_runs(encoded[first:last], lengths[first:last])
+        except ValueError as error:
+            position, why = str(error).split(": ", 1)
+            raise ValueError(f"string {first + int(position.split()[1])}: {why}") from None
+        runs.append(chunk_runs)
+        counts.append(chunk_counts)
+    if not runs:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(runs), np.concatenate(counts)
+
+
+def _chunk_runs(encoded: list, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`strings_runs_flat` of one chunk of ASCII strings (their lengths given)."""
+    n_strings = len(encoded)
     string_end = np.cumsum(lengths)
     chars = np.frombuffer(b"".join(encoded), np.uint8) - np.uint8(48)  # wraps: bad characters become > 63
     if chars.size == 0:
