@@ -134,6 +134,7 @@ def test_mask_counts_from_runs_equal_the_device_counts(toy):
     works = instance_eval.prepare_instances(gt_dict, results, config).works
     settings = {path: CountSettings(with_boundary=False, progress="none", mask_path=path) for path in ("runs", "device")}
     assert uses_runs(settings["runs"]) and not uses_runs(settings["device"])
+    assert uses_runs(CountSettings(with_boundary=False))  # auto: the runs, whatever the backend
     assert not uses_runs(CountSettings(with_boundary=True, mask_path="runs"))  # bands need the device
     on_runs, on_device = count_pairs(works, settings["runs"]), count_pairs(works, settings["device"])
     assert sum(c is not None for c in on_runs) >= 5

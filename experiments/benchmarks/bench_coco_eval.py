@@ -23,9 +23,8 @@ docs/benchmarking.md; the script prints the ``MALLOC_*`` settings it ran with.
 
 Run: ``JAXSEG_BOUNDARY_IOU_API_REPO=/path/to/boundary-iou-api JAXSEG_REAL_DATA=/path/to/real python
 experiments/benchmarks/bench_coco_eval.py [--iou-type segm|boundary] [--copies 6] [--batch-size 64]
-[--mask-path auto|runs|device]``. Mask AP counts come from the run lengths on the host when the JAX
-backend is a CPU (``--mask-path auto``) and from the device otherwise; ``--mask-path device`` times
-the device path on a CPU too.
+[--mask-path auto|runs|device]``. Mask AP counts come from the run lengths on the host
+(``--mask-path auto`` or ``runs``); ``--mask-path device`` times the packed-bit device path instead.
 """
 
 from __future__ import annotations
@@ -119,7 +118,7 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=6, help="up to this many detections per ground truth")
     parser.add_argument("--batch-size", type=int, default=64, help="masks per device call")
     parser.add_argument("--mask-path", choices=("auto", "runs", "device"), default="auto",
-                        help="where mask AP counts are taken (auto: from the run lengths on a CPU backend)")
+                        help="where mask AP counts are taken (auto = runs: from the run lengths on the host)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--real-data",
                         default=os.environ.get("JAXSEG_REAL_DATA", str(ROOT.parent / "shared" / "data" / "real")))
