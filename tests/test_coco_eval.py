@@ -132,7 +132,8 @@ def test_mask_counts_from_runs_equal_the_device_counts(toy):
     gt_dict, results = toy
     config = InstanceEvalConfig(iou_type="segm", progress="none")
     works = instance_eval.prepare_instances(gt_dict, results, config).works
-    settings = {path: CountSettings(with_boundary=False, progress="none", mask_path=path) for path in ("runs", "device")}
+    settings = {path: CountSettings(with_boundary=False, progress="none", mask_path=path)
+                for path in ("runs", "device")}
     assert uses_runs(settings["runs"]) and not uses_runs(settings["device"])
     assert uses_runs(CountSettings(with_boundary=False))  # auto: the runs, whatever the backend
     assert not uses_runs(CountSettings(with_boundary=True, mask_path="runs"))  # bands need the device

@@ -309,8 +309,8 @@ def _ground_truth_fields(ann: Mapping, images: dict, categories: dict) -> dict:
     if "segmentation" not in ann:
         raise CocoFormatError(f"{label} has no 'segmentation'")
     crowd = bool(ann.get("iscrowd", 0))
-    return dict(area=_number(ann["area"], f"{label} 'area'"), category_id=ann["category_id"], label=label,
-                ann_id=ann["id"], crowd=crowd, ignore=bool(ann.get("ignore", 0)) or crowd)
+    return {"area": _number(ann["area"], f"{label} 'area'"), "category_id": ann["category_id"], "label": label,
+            "ann_id": ann["id"], "crowd": crowd, "ignore": bool(ann.get("ignore", 0)) or crowd}
 
 
 def load_ground_truth(source) -> GroundTruth:

@@ -19,6 +19,7 @@ parity of the boundaries before it. That costs O(runs + words) per mask, about
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def strings_runs_flat(strings: list) -> tuple[np.ndarray, np.ndarray]:
     cuts = np.searchsorted(np.cumsum(lengths), np.arange(CHUNK_CHARS, int(lengths.sum()), CHUNK_CHARS), side="right")
     bounds = [0, *sorted(set(cuts.tolist()) - {0, len(encoded)}), len(encoded)]
     runs, counts = [], []
-    for first, last in zip(bounds[:-1], bounds[1:]):
+    for first, last in itertools.pairwise(bounds):
         try:
             chunk_runs, chunk_counts = _chunk_runs(encoded[first:last], lengths[first:last])
         except ValueError as error:

@@ -284,7 +284,7 @@ def _segments_precision(tps: np.ndarray, fps: np.ndarray, lengths: np.ndarray,
 
 
 def _category_chunks(lengths: np.ndarray, per_chunk: int) -> list[np.ndarray]:
-    """Indices of consecutive categories, split so that each chunk holds at most ``per_chunk`` detections (or one category)."""
+    """Indices of consecutive categories in chunks of at most ``per_chunk`` detections (or of one category)."""
     chunks, current, size = [], [], 0
     for index, length in enumerate(lengths):
         if current and size + length > per_chunk:
