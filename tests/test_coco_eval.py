@@ -32,6 +32,7 @@ from jaxseg_robust.data.coco_instances import CocoEvalWarning, CocoFormatError
 from jaxseg_robust.data.coco_panoptic import PanopticFormatError
 from jaxseg_robust.evaluation import instances as instance_eval
 from jaxseg_robust.evaluation.instances import InstanceEvalConfig, evaluate_instances
+from jaxseg_robust.evaluation import mask_counts
 from jaxseg_robust.evaluation.mask_counts import CountSettings, count_pairs, uses_runs
 from jaxseg_robust.evaluation.panoptic import PanopticEvalConfig, evaluate_panoptic
 from jaxseg_robust.metrics import coco_ap
@@ -128,7 +129,9 @@ def test_run_intersections_equal_those_of_the_decoded_masks(drawn, shape, split)
     assert pair_intersections(table, np.zeros((0, 2), np.int64)).shape == (0,)
 
 
-def test_mask_counts_from_runs_equal_the_device_counts(toy):
+@pytest.mark.parametrize("runs_per_batch", [1, 1 << 18])  # one image per host batch, or all at once
+def test_mask_counts_from_runs_equal_the_device_counts(toy, monkeypatch, runs_per_batch):
+    monkeypatch.setattr(mask_counts, "RUNS_PER_BATCH", runs_per_batch)
     gt_dict, results = toy
     config = InstanceEvalConfig(iou_type="segm", progress="none")
     works = instance_eval.prepare_instances(gt_dict, results, config).works
