@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 import pycocotools.mask as mask_utils
+from hypothesis import given
+from hypothesis import strategies as st
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
@@ -28,14 +30,20 @@ from jaxseg_robust import cli
 from jaxseg_robust.data import coco_rle
 from jaxseg_robust.data.coco_instances import CocoEvalWarning, CocoFormatError
 from jaxseg_robust.data.coco_panoptic import PanopticFormatError
+from jaxseg_robust.evaluation import instances as instance_eval
 from jaxseg_robust.evaluation.instances import InstanceEvalConfig, evaluate_instances
+from jaxseg_robust.evaluation import mask_counts
+from jaxseg_robust.evaluation.mask_counts import CountSettings, count_pairs, uses_runs
 from jaxseg_robust.evaluation.panoptic import PanopticEvalConfig, evaluate_panoptic
+from jaxseg_robust.metrics import coco_ap
 from jaxseg_robust.metrics.coco_ap import COCO_SUMMARY_NAMES
 from jaxseg_robust.metrics.masks import boundary_width
+from jaxseg_robust.metrics.run_pairs import pair_intersections, run_table
 from jaxseg_robust.ops import morphology as morph
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import coco_toy  # noqa: E402
+from mask_patterns import PATTERNS, make_mask  # noqa: E402
 
 # ---- RLE -----------------------------------------------------------------------------------------
 
@@ -79,6 +87,11 @@ def test_many_strings_at_once_equal_one_at_a_time():
     together = coco_rle.strings_runs(strings)
     for string, runs, mask in zip(strings, together, masks):
         assert coco_rle.runs_to_string(runs) == string.decode("ascii") and runs.sum() == mask.size
+    hand_made = [0, 5, 3, 100000, 2, 7, 1, 1, 0, 2**40, 0]  # long numbers, negative differences, empty runs
+    mixed = ["", coco_rle.runs_to_string(hand_made), "", strings[0], coco_rle.runs_to_string([7])]
+    runs, counts = coco_rle.strings_runs_flat(mixed)
+    assert counts.tolist() == [0, len(hand_made), 0, len(together[0]), 1]
+    np.testing.assert_array_equal(runs, np.concatenate([hand_made, together[0], [7]]))
     with pytest.raises(ValueError, match="string 2: the last number is truncated"):
         coco_rle.strings_runs(strings[:2] + ["5c"] + strings[2:])
 
@@ -87,6 +100,58 @@ def test_many_strings_at_once_equal_one_at_a_time():
 def test_malformed_rle_strings_are_refused(bad):
     with pytest.raises(ValueError):
         coco_rle.string_runs(bad)
+
+
+# ---- run-length pair counts (the host path of mask AP) -------------------------------------------------
+
+def _runs_of(mask: np.ndarray, split: int = 0) -> np.ndarray:
+    """The mask's COCO run lengths; ``split`` > 0 cuts every ``split``-th run in two with an empty run between."""
+    runs = coco_rle.string_runs(mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"])
+    if not split:
+        return runs
+    out = []
+    for index, run in enumerate(runs):
+        out.extend([run // 2, 0, run - run // 2] if index % split == 0 and run > 1 else [run])
+    return np.array(out, np.int64)
+
+
+@given(st.lists(st.tuples(st.sampled_from(PATTERNS), st.floats(0.01, 0.99), st.integers(0, 2**32 - 1)),
+                min_size=1, max_size=5),
+       st.sampled_from([(1, 1), (1, 7), (6, 1), (9, 13), (33, 20)]), st.integers(0, 3))
+def test_run_intersections_equal_those_of_the_decoded_masks(drawn, shape, split):
+    masks = [make_mask(pattern, shape, density, seed) for pattern, density, seed in drawn]
+    others = [np.ones((4, 5), bool), np.zeros((3, 3), bool)]  # masks of other images in the same table
+    table = run_table([_runs_of(others[0])] + [_runs_of(m, split) for m in masks] + [_runs_of(others[1])])
+    np.testing.assert_array_equal(table.area, [20] + [m.sum() for m in masks] + [0])
+    pairs = np.array([(a, b) for a in range(1, len(masks) + 1) for b in range(1, len(masks) + 1)], np.int64)
+    expected = [(masks[a - 1] & masks[b - 1]).sum() for a, b in pairs]
+    np.testing.assert_array_equal(pair_intersections(table, pairs), expected)
+    assert pair_intersections(table, np.zeros((0, 2), np.int64)).shape == (0,)
+
+
+@pytest.mark.parametrize("runs_per_batch", [1, 1 << 18])  # one image per host batch, or all at once
+def test_mask_counts_from_runs_equal_the_device_counts(toy, monkeypatch, runs_per_batch):
+    monkeypatch.setattr(mask_counts, "RUNS_PER_BATCH", runs_per_batch)
+    gt_dict, results = toy
+    config = InstanceEvalConfig(iou_type="segm", progress="none")
+    works = instance_eval.prepare_instances(gt_dict, results, config).works
+    settings = {path: CountSettings(with_boundary=False, progress="none", mask_path=path)
+                for path in ("runs", "device")}
+    assert uses_runs(settings["runs"]) and not uses_runs(settings["device"])
+    assert uses_runs(CountSettings(with_boundary=False))  # auto: the runs, whatever the backend
+    assert not uses_runs(CountSettings(with_boundary=True, mask_path="runs"))  # bands need the device
+    on_runs, on_device = count_pairs(works, settings["runs"]), count_pairs(works, settings["device"])
+    assert sum(c is not None for c in on_runs) >= 5
+    for runs_counts, device_counts in zip(on_runs, on_device):
+        assert (runs_counts is None) == (device_counts is None)
+        if runs_counts is not None:
+            np.testing.assert_array_equal(runs_counts.area, device_counts.area)
+            np.testing.assert_array_equal(runs_counts.intersection, device_counts.intersection)
+    summaries = [evaluate_instances(gt_dict, results, InstanceEvalConfig(progress="none", mask_path=path)).summary
+                 for path in ("runs", "device")]
+    assert summaries[0] == summaries[1]
+    with pytest.raises(ValueError, match="mask_path"):
+        InstanceEvalConfig(mask_path="gpu")
 
 
 # ---- traced-radius morphology -----------------------------------------------------------------------
@@ -199,6 +264,23 @@ def test_per_category_rows_and_undefined_settings(toy):
     assert [row["category_id"] for row in ours.per_category] == [1, 2, 5]
     precision = ours.accumulated.precision[:, :, 0, 0, -1]
     assert ours.per_category[0]["AP"] == pytest.approx(precision[precision > -1].mean())
+    acc = ours.accumulated
+    for k, row in enumerate(ours.per_category):  # all categories at once == each alone, to the bit
+        alone = coco_ap.Accumulated(acc.precision[:, :, k:k + 1], acc.recall[:, k:k + 1])
+        expected = [coco_ap.summary_value(alone, "ap"), coco_ap.summary_value(alone, "ap", iou=0.5),
+                    coco_ap.summary_value(alone, "ap", iou=0.75),
+                    *(coco_ap.summary_value(alone, "ap", area=a) for a in ("small", "medium", "large"))]
+        assert [row[name] for name in coco_ap.PER_CATEGORY_COLUMNS] == expected
+    assert any(row["APl"] == -1 for row in ours.per_category) or any(row["APs"] == -1 for row in ours.per_category)
+
+
+def test_accumulation_in_chunks_of_categories_equals_all_at_once(toy, monkeypatch):
+    gt, results = toy
+    whole = evaluate_instances(gt, results, InstanceEvalConfig(progress="none")).accumulated
+    monkeypatch.setattr(coco_ap, "ACCUMULATE_ELEMENTS", 1)  # one category per step
+    chunked = evaluate_instances(gt, results, InstanceEvalConfig(progress="none")).accumulated
+    np.testing.assert_array_equal(whole.precision, chunked.precision)
+    np.testing.assert_array_equal(whole.recall, chunked.recall)
 
 
 # ---- bad input -------------------------------------------------------------------------------------
@@ -224,6 +306,35 @@ def test_malformed_rle_and_size_mismatch_are_named(toy):
     del no_area["annotations"][1]["area"]
     with pytest.raises(CocoFormatError, match=r"annotation 2 .*no 'area'"):
         evaluate_instances(no_area, results, InstanceEvalConfig(progress="none"))
+
+
+def test_ground_truth_rle_problems_name_the_annotation(toy):
+    gt, results = toy
+    rle_index = next(i for i, a in enumerate(gt["annotations"]) if isinstance(a["segmentation"], dict))
+    broken = copy.deepcopy(gt)
+    broken["annotations"][rle_index]["segmentation"]["counts"] += "0"  # one run too many
+    ann = broken["annotations"][rle_index]
+    with pytest.raises(CocoFormatError, match=rf"annotation {ann['id']} \(image {ann['image_id']}\): RLE runs cover"):
+        evaluate_instances(broken, results, InstanceEvalConfig(progress="none"))
+    broken["annotations"][rle_index]["segmentation"]["counts"] = "!!"
+    with pytest.raises(CocoFormatError, match=rf"annotation {ann['id']} .*outside the RLE alphabet"):
+        evaluate_instances(broken, results, InstanceEvalConfig(progress="none"))
+
+
+def test_uncompressed_rle_and_polygon_results_equal_compressed_ones(toy):
+    gt, results = toy
+    mixed = copy.deepcopy(results)
+    for index in range(0, len(mixed), 3):
+        rle = mixed[index]["segmentation"]
+        mixed[index]["segmentation"] = {"size": rle["size"], "counts": coco_rle.string_runs(rle["counts"]).tolist()}
+    square = [[2.0, 2.0, 12.0, 2.0, 12.0, 9.0, 2.0, 9.0]]
+    height, width = next((i["height"], i["width"]) for i in gt["images"] if i["id"] == mixed[1]["image_id"])
+    mixed[1]["segmentation"] = square
+    expected = copy.deepcopy(results)
+    expected[1]["segmentation"] = coco_toy.encode(mask_utils.decode(mask_utils.merge(
+        mask_utils.frPyObjects(square, height, width))).astype(bool))
+    config = InstanceEvalConfig(progress="none")
+    assert evaluate_instances(gt, mixed, config).summary == evaluate_instances(gt, expected, config).summary
 
 
 def test_unknown_categories_warn_and_are_skipped_like_the_official_evaluator(toy):

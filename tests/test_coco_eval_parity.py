@@ -26,7 +26,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiment
 import coco_eval_data  # noqa: E402
 
 from jaxseg_robust.data.coco_rle import decode_into, string_runs  # noqa: E402
-from jaxseg_robust.evaluation.instances import InstanceEvalConfig, evaluate_instances  # noqa: E402
+from jaxseg_robust.evaluation.instances import InstanceEvalConfig, evaluate_instances, prepare_instances  # noqa: E402
+from jaxseg_robust.evaluation.mask_counts import CountSettings, count_pairs  # noqa: E402
 from jaxseg_robust.evaluation.panoptic import PanopticEvalConfig, evaluate_panoptic  # noqa: E402
 from jaxseg_robust.metrics.mask_pairs import chunk_pair_counts, packed_words  # noqa: E402
 from jaxseg_robust.metrics.masks import boundary_width  # noqa: E402
@@ -76,6 +77,21 @@ def test_coco_summary_matches_the_official_evaluator(reference, instance_files, 
     print(f"coco {iou_type}: max |ours - official| over the 12 numbers = {difference.max():.3g}")
     assert difference.max() <= TOLERANCE
     np.testing.assert_allclose(ours.accumulated.precision, official.eval["precision"], rtol=0, atol=TOLERANCE)
+
+
+def test_mask_counts_from_runs_equal_the_device_counts_on_the_real_masks(instance_files):
+    """The two paths of mask AP's pixel counts give the same integers on every real (detection, ground truth) pair."""
+    folder, _, _ = instance_files
+    works = prepare_instances(folder / "gt.json", folder / "res.json", InstanceEvalConfig(progress="none")).works
+    on_runs = count_pairs(works, CountSettings(with_boundary=False, progress="none", mask_path="runs"))
+    on_device = count_pairs(works, CountSettings(with_boundary=False, progress="none", mask_path="device"))
+    pairs = 0
+    for runs_counts, device_counts in zip(on_runs, on_device):
+        np.testing.assert_array_equal(runs_counts.area, device_counts.area)
+        np.testing.assert_array_equal(runs_counts.intersection, device_counts.intersection)
+        pairs += runs_counts.intersection.size
+    print(f"runs vs device: {sum(len(w.masks) for w in works)} masks, {pairs} pairs, all counts equal")
+    assert pairs > 1000
 
 
 def _lvis_version(gt: dict, seed: int = 1) -> dict:

@@ -14,7 +14,7 @@ import sys
 
 from jaxseg_robust.data.coco_instances import COCO_EXTRA_HINT, CocoFormatError
 from jaxseg_robust.evaluation.instances import DATASETS, IOU_TYPES, InstanceEvalConfig, evaluate_instances
-from jaxseg_robust.evaluation.mask_counts import device_summary
+from jaxseg_robust.evaluation.mask_counts import MASK_PATHS, device_summary, uses_runs
 from jaxseg_robust.metrics.coco_ap import PER_CATEGORY_COLUMNS
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
 from jaxseg_robust.reports.coco_eval import instance_text, write_outputs
@@ -34,7 +34,8 @@ examples:
 iou types: segm = mask AP; boundary = Boundary AP (min of mask IoU and Boundary IoU, plain mask IoU
 against crowd regions; boundary width = dilation ratio x image diagonal, 0.02 as the official API).
 Ground-truth polygons need pycocotools: {COCO_EXTRA_HINT}.
-Device: JAX uses an installed accelerator by default; JAX_PLATFORMS=cpu|cuda|tpu picks one.
+Device: boundary bands and counts run on JAX's device (an installed accelerator by default;
+JAX_PLATFORMS=cpu|cuda|tpu picks one); segm counts come from the run lengths on the host.
 exit codes: 0 done, 2 bad arguments or input.
 """
 
@@ -44,7 +45,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         NAME, help="mask AP / Boundary AP of a COCO or LVIS results file",
         description="COCO / LVIS instance-segmentation evaluation (mask AP or Boundary AP), numbers identical "
-                    "to the official evaluators; pixel work batched on the JAX device.",
+                    "to the official evaluators; boundary pixel work batched on the JAX device, segm counts "
+                    "from the run lengths.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gt", required=True, metavar="ANN.json", help="COCO / LVIS ground-truth annotations")
     parser.add_argument("--results", required=True, metavar="RES.json", help="detection results (RLE masks, scores)")
@@ -57,6 +59,9 @@ def register(subparsers) -> None:
     parser.add_argument("--per-category", action="store_true", help="also print the per-category AP table")
     parser.add_argument("--batch-size", type=int, default=64, metavar="MASKS", help="masks per device call")
     parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto", help="progress display on stderr")
+    parser.add_argument("--mask-path", choices=MASK_PATHS, default="auto",
+                        help="segm pixel counts: from the run lengths on the host (auto, runs) or as packed bits "
+                             "on the JAX device (device); boundary always uses the device")
     parser.set_defaults(func=run)
 
 
@@ -73,13 +78,14 @@ def run(args) -> int:
     """Runs the evaluation; returns the exit code."""
     try:
         config = InstanceEvalConfig(iou_type=args.iou_type, dataset=args.dataset, dilation_ratio=args.dilation_ratio,
-                                    chunk_masks=args.batch_size, progress=args.progress)
+                                    chunk_masks=args.batch_size, progress=args.progress, mask_path=args.mask_path)
         check_progress_mode(args.progress)
         if args.out:
             check_writable_file(args.out, "--out file")
     except ValueError as error:
         return _error(str(error))
-    print(f"jaxseg-robust {NAME}: {args.dataset} {args.iou_type} evaluation on {device_summary()}",
+    where = "the run lengths on the host" if uses_runs(config.count_settings) else device_summary()
+    print(f"jaxseg-robust {NAME}: {args.dataset} {args.iou_type} evaluation, pixel counts on {where}",
           file=sys.stderr, flush=True)
     try:
         result = evaluate_instances(args.gt, args.results, config, warn=_warn)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from jaxseg_robust.data.coco_rle import foreground_pixels, string_runs, strings_runs
+from jaxseg_robust.data.coco_rle import foreground_pixels, string_runs, strings_runs_flat
 
 COCO_EXTRA_HINT = "pip install 'jaxseg_robust[coco]' (or: pip install pycocotools)"
 
@@ -124,22 +124,16 @@ def read_json(source, what: str):
 
 # ---- RLE checks ----------------------------------------------------------------------------------
 
-def checked_runs(rle: Mapping, height: int, width: int, parsed: np.ndarray | None = None) -> np.ndarray:
+def checked_runs(rle: Mapping, height: int, width: int) -> np.ndarray:
     """The run lengths of an RLE dict, checked against an ``height x width`` image.
-
-    ``parsed``: the runs of a compressed string already read (`strings_runs`).
 
     Raises:
       ValueError: wrong ``size``, unreadable counts, a negative run, or runs
         that do not cover the image exactly.
     """
-    size = rle.get("size")
-    if not isinstance(size, (list, tuple)) or len(size) != 2 or [int(v) for v in size] != [height, width]:
-        raise ValueError(f"RLE size {size!r} differs from the image's [{height}, {width}]")
+    _check_size(rle, height, width)
     counts = rle.get("counts")
-    if parsed is not None:
-        runs = parsed
-    elif isinstance(counts, (str, bytes)):
+    if isinstance(counts, (str, bytes)):
         runs = string_runs(counts)
     elif isinstance(counts, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
         runs = np.asarray(counts, np.int64)
@@ -152,7 +146,24 @@ def checked_runs(rle: Mapping, height: int, width: int, parsed: np.ndarray | Non
     return runs
 
 
-def to_runs(segmentation, height: int, width: int, parsed: np.ndarray | None = None) -> np.ndarray:
+def _check_size(rle: Mapping, height: int, width: int) -> None:
+    size = rle.get("size")
+    if not isinstance(size, (list, tuple)) or len(size) != 2 or [int(v) for v in size] != [height, width]:
+        raise ValueError(f"RLE size {size!r} differs from the image's [{height}, {width}]")
+
+
+def _polygon_string(segmentation, height: int, width: int) -> bytes:
+    """The compressed RLE string of polygons, rasterised and merged by pycocotools as the official ``annToRLE``."""
+    if not segmentation or not all(isinstance(p, list) and len(p) >= 4 for p in segmentation):
+        raise ValueError("polygons must be a non-empty list of coordinate lists")
+    mask_utils = mask_api()
+    try:
+        return mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width))["counts"]
+    except Exception as error:  # noqa: BLE001 - pycocotools raises bare Exceptions on bad polygons
+        raise ValueError(f"polygons unusable: {error}") from None
+
+
+def to_runs(segmentation, height: int, width: int) -> np.ndarray:
     """A segmentation (polygons, uncompressed or compressed RLE) as checked run lengths (int64).
 
     Polygons are rasterised and merged by pycocotools as the official
@@ -160,30 +171,89 @@ def to_runs(segmentation, height: int, width: int, parsed: np.ndarray | None = N
     anything unusable.
     """
     if isinstance(segmentation, list):
-        if not segmentation or not all(isinstance(p, list) and len(p) >= 4 for p in segmentation):
-            raise ValueError("polygons must be a non-empty list of coordinate lists")
-        mask_utils = mask_api()
-        try:
-            rle = mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width))
-        except Exception as error:  # noqa: BLE001 - pycocotools raises bare Exceptions on bad polygons
-            raise ValueError(f"polygons unusable: {error}") from None
-        return string_runs(rle["counts"])
+        return string_runs(_polygon_string(segmentation, height, width))
     if not isinstance(segmentation, Mapping):
         raise ValueError(f"segmentation must be polygons or an RLE dict, got {type(segmentation).__name__}")
-    return checked_runs(segmentation, height, width, parsed)
+    return checked_runs(segmentation, height, width)
 
 
-def _parse_result_strings(results: list) -> dict:
-    """results index -> runs of every compressed-string segmentation, read in one vectorised pass."""
-    items = [(index, r["segmentation"]["counts"]) for index, r in enumerate(results)
-             if isinstance(r["segmentation"], Mapping) and isinstance(r["segmentation"].get("counts"), (str, bytes))]
+def _runs_at_once(items: list) -> tuple[list, np.ndarray]:
+    """:func:`segmentations_runs` for valid input; any problem raises a ValueError that may not name the item."""
+    strings, from_string, pixels = [], np.zeros(len(items), bool), []
+    runs: list = [None] * len(items)
+    for index, (segmentation, height, width) in enumerate(items):
+        if isinstance(segmentation, list):
+            strings.append(_polygon_string(segmentation, height, width))
+        elif isinstance(segmentation, Mapping) and isinstance(segmentation.get("counts"), (str, bytes)):
+            _check_size(segmentation, height, width)
+            strings.append(segmentation["counts"])
+        else:
+            runs[index] = to_runs(segmentation, height, width)
+            continue
+        from_string[index] = True
+        pixels.append(height * width)
+    flat, counts = strings_runs_flat(strings)
+    if flat.size and flat.min() < 0:
+        raise ValueError("a negative run length")
+    first = np.cumsum(counts) - counts
+    covered = np.concatenate([[0], np.cumsum(flat)])
+    if not np.array_equal(covered[first + counts] - covered[first], np.asarray(pixels, np.int64)):
+        raise ValueError("runs that do not cover the image")
+    odd_runs = np.where((np.arange(flat.size) - np.repeat(first, counts)) & 1, flat, 0)
+    foreground_before = np.concatenate([[0], np.cumsum(odd_runs)])
+    foreground = np.zeros(len(items), np.int64)
+    foreground[from_string] = foreground_before[first + counts] - foreground_before[first]
+    pieces = iter(np.split(flat, first[1:]) if strings else [])
+    for index in range(len(items)):
+        if from_string[index]:
+            runs[index] = next(pieces)
+        else:
+            foreground[index] = foreground_pixels(runs[index])
+    return runs, foreground
+
+
+class SegmentationError(ValueError):
+    """An unusable segmentation among many: ``index`` = its position (None if no single item fails), ``reason``."""
+
+    def __init__(self, index: int | None, reason: str):
+        super().__init__(f"item {index}: {reason}")
+        self.index, self.reason = index, reason
+
+
+def segmentations_runs(items: list) -> tuple[list, np.ndarray]:
+    """Checked run lengths of many segmentations at once, and their foreground pixel counts.
+
+    Compressed strings (and the strings pycocotools makes of polygons) are
+    read in one vectorised pass and checked together; only when that finds a
+    problem are the items gone through one by one, to name the first bad one.
+
+    Args:
+      items: list of ``(segmentation, height, width)`` (polygons, uncompressed or compressed RLE).
+
+    Returns:
+      (list of int64 run-length arrays, int64 [n] foreground pixels).
+
+    Raises:
+      SegmentationError: for the first unusable item.
+    """
     try:
-        parsed = strings_runs([counts for _, counts in items])
+        return _runs_at_once(items)
     except ValueError as error:
-        position, why = str(error).split(": ", 1)
-        index = items[int(position.split()[1])][0]
-        raise CocoFormatError(f"results[{index}] (image {results[index]['image_id']!r}): {why}") from None
-    return {index: runs for (index, _), runs in zip(items, parsed)}
+        for index, (segmentation, height, width) in enumerate(items):
+            try:
+                to_runs(segmentation, height, width)
+            except ValueError as item_error:
+                raise SegmentationError(index, str(item_error)) from None
+        raise SegmentationError(None, str(error)) from None
+
+
+def _named_runs(items: list, labels: list) -> tuple[list, np.ndarray]:
+    """:func:`segmentations_runs`, its error as a CocoFormatError naming the item by ``labels[i]``."""
+    try:
+        return segmentations_runs(items)
+    except SegmentationError as error:
+        where = labels[error.index] if error.index is not None else "a segmentation"
+        raise CocoFormatError(f"{where}: {error.reason}") from None
 
 
 # ---- ground truth ----------------------------------------------------------------------------------
@@ -227,7 +297,8 @@ def _index_categories(dataset: Mapping) -> dict:
     return categories
 
 
-def _ground_truth_mask(ann: Mapping, images: dict, categories: dict) -> GroundTruthMask:
+def _ground_truth_fields(ann: Mapping, images: dict, categories: dict) -> dict:
+    """The checked fields of a ground-truth annotation, all but its runs (:class:`GroundTruthMask` keywords)."""
     label = f"ground truth: annotation {ann.get('id')!r} (image {ann.get('image_id')!r})"
     if ann.get("image_id") not in images:
         raise CocoFormatError(f"{label}: the image is not in 'images'")
@@ -237,14 +308,9 @@ def _ground_truth_mask(ann: Mapping, images: dict, categories: dict) -> GroundTr
         raise CocoFormatError(f"{label} has no 'area' (the evaluators read it for the area ranges)")
     if "segmentation" not in ann:
         raise CocoFormatError(f"{label} has no 'segmentation'")
-    height, width = images[ann["image_id"]]
-    try:
-        runs = to_runs(ann["segmentation"], height, width)
-    except ValueError as error:
-        raise CocoFormatError(f"{label}: {error}") from None
     crowd = bool(ann.get("iscrowd", 0))
-    return GroundTruthMask(runs=runs, area=_number(ann["area"], f"{label} 'area'"), category_id=ann["category_id"],
-                           label=label, ann_id=ann["id"], crowd=crowd, ignore=bool(ann.get("ignore", 0)) or crowd)
+    return {"area": _number(ann["area"], f"{label} 'area'"), "category_id": ann["category_id"], "label": label,
+            "ann_id": ann["id"], "crowd": crowd, "ignore": bool(ann.get("ignore", 0)) or crowd}
 
 
 def load_ground_truth(source) -> GroundTruth:
@@ -258,16 +324,19 @@ def load_ground_truth(source) -> GroundTruth:
     if not isinstance(dataset, Mapping):
         raise CocoFormatError(f"ground truth must be a JSON object, got {type(dataset).__name__}")
     images, categories = _index_images(dataset), _index_categories(dataset)
-    annotations: dict = {image_id: [] for image_id in images}
-    seen = set()
+    seen, fields, items = set(), [], []
     for position, ann in enumerate(dataset.get("annotations") or []):
         if not isinstance(ann, Mapping) or "id" not in ann:
             raise CocoFormatError(f"ground truth: annotations[{position}] has no 'id'")
         if ann["id"] in seen:
             raise CocoFormatError(f"ground truth: annotation id {ann['id']!r} is used twice")
         seen.add(ann["id"])
-        gt = _ground_truth_mask(ann, images, categories)
-        annotations[ann["image_id"]].append(gt)
+        fields.append(_ground_truth_fields(ann, images, categories))
+        items.append((ann["segmentation"], *images[ann["image_id"]]))
+    runs, _ = _named_runs(items, [f["label"] for f in fields])
+    annotations: dict = {image_id: [] for image_id in images}
+    for ann, ann_fields, ann_runs in zip(dataset.get("annotations") or [], fields, runs):
+        annotations[ann["image_id"]].append(GroundTruthMask(runs=ann_runs, **ann_fields))
     try:
         image_ids, category_ids = sorted(images), sorted(categories)
     except TypeError:
@@ -328,17 +397,13 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
         box_area = bool(results) and bool(results[0].get("bbox"))
     by_image: dict = {image_id: [] for image_id in gt.images}
     every, unknown = [], {}
-    parsed = _parse_result_strings(results)
+    labels = [f"results[{index}] (image {result['image_id']!r})" for index, result in enumerate(results)]
+    runs, foreground = _named_runs([(r["segmentation"], *gt.images[r["image_id"]]) for r in results], labels)
     for index, result in enumerate(results):
-        label = f"results[{index}] (image {result['image_id']!r})"
-        height, width = gt.images[result["image_id"]]
-        try:
-            runs = to_runs(result["segmentation"], height, width, parsed.get(index))
-        except ValueError as error:
-            raise CocoFormatError(f"{label}: {error}") from None
-        area = _box_area(result, label) if box_area else float(foreground_pixels(runs))
-        detection = Detection(runs=runs, area=area, category_id=result["category_id"], label=label, index=index,
-                              score=_number(result["score"], f"{label} 'score'"))
+        label = labels[index]
+        area = _box_area(result, label) if box_area else float(foreground[index])
+        detection = Detection(runs=runs[index], area=area, category_id=result["category_id"], label=label,
+                              index=index, score=_number(result["score"], f"{label} 'score'"))
         every.append(detection)
         if result["category_id"] in gt.categories:
             by_image[result["image_id"]].append(detection)
@@ -355,4 +420,4 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
 
 __all__ = ["COCO_EXTRA_HINT", "CocoFormatError", "CocoEvalWarning", "mask_api", "default_warn", "Mask",
            "GroundTruthMask", "Detection", "GroundTruth", "read_json", "checked_runs", "to_runs",
-           "load_ground_truth", "load_detections"]
+           "SegmentationError", "segmentations_runs", "load_ground_truth", "load_detections"]

@@ -19,6 +19,7 @@ parity of the boundaries before it. That costs O(runs + words) per mask, about
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 
@@ -26,60 +27,115 @@ WORD_BITS = 32
 _ALL = np.uint64(0xFFFFFFFF)
 
 
-def strings_runs(strings: list) -> list[np.ndarray]:
-    """The run lengths of many compressed RLE strings (str or bytes) at once, each int64 [m].
+CHUNK_CHARS = 1 << 17  # characters per vectorised pass: its arrays stay in the CPU caches
 
-    One vectorised pass over the concatenated characters (a per-string loop
-    costs tens of microseconds of NumPy overhead per mask).
+
+def strings_runs_flat(strings: list) -> tuple[np.ndarray, np.ndarray]:
+    """The run lengths of many compressed RLE strings (str or bytes), concatenated.
+
+    Vectorised passes over the concatenated characters of chunks of about
+    ``CHUNK_CHARS`` characters (a per-string loop costs tens of microseconds
+    of NumPy overhead per mask; a chunk's arrays stay in the CPU caches, which
+    matters more than the per-chunk overhead). Most numbers of a COCO string
+    take one character, so the characters beyond the first of a number are
+    added in a short loop over their position.
+
+    Returns:
+      (runs int64 [M], counts int64 [len(strings)]): string ``i`` holds the
+      ``counts[i]`` runs that follow those of the strings before it.
 
     Raises:
       ValueError: ``"string {i}: ..."`` for the first string with a character
         outside the code's alphabet, a truncated last number, or a run too
         large to be one.
     """
-    if not strings:
-        return []
     encoded = [s.encode("ascii") if isinstance(s, str) else bytes(s) for s in strings]
-    lengths = np.fromiter((len(e) for e in encoded), np.int64, len(encoded))
+    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    cuts = np.searchsorted(np.cumsum(lengths), np.arange(CHUNK_CHARS, int(lengths.sum()), CHUNK_CHARS), side="right")
+    bounds = [0, *sorted(set(cuts.tolist()) - {0, len(encoded)}), len(encoded)]
+    runs, counts = [], []
+    for first, last in itertools.pairwise(bounds):
+        try:
+            chunk_runs, chunk_counts = _chunk_runs(encoded[first:last], lengths[first:last])
+        except ValueError as error:
+            position, why = str(error).split(": ", 1)
+            raise ValueError(f"string {first + int(position.split()[1])}: {why}") from None
+        runs.append(chunk_runs)
+        counts.append(chunk_counts)
+    if not runs:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(runs), np.concatenate(counts)
+
+
+def _chunk_runs(encoded: list, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`strings_runs_flat` of one chunk of ASCII strings (their lengths given)."""
+    n_strings = len(encoded)
     string_end = np.cumsum(lengths)
-    chars = np.frombuffer(b"".join(encoded), np.uint8).astype(np.int64) - 48
-    empty = [np.zeros(0, np.int64)] * len(strings)
+    chars = np.frombuffer(b"".join(encoded), np.uint8) - np.uint8(48)  # wraps: bad characters become > 63
     if chars.size == 0:
-        return empty
+        return np.zeros(0, np.int64), np.zeros(n_strings, np.int64)
 
     def fail(char_index, why):
         raise ValueError(f"string {int(np.searchsorted(string_end, char_index, side='right'))}: {why}")
 
-    bad = np.flatnonzero((chars < 0) | (chars > 63))
+    bad = np.flatnonzero(chars > 63)
     if bad.size:
         fail(bad[0], "characters outside the RLE alphabet")
-    more = (chars & 0x20) != 0
+    last = (chars & 0x20) == 0  # the last character of a number
     last_chars = string_end[lengths > 0] - 1
-    truncated = last_chars[more[last_chars]]
+    truncated = last_chars[~last[last_chars]]
     if truncated.size:
         fail(truncated[0], "the last number is truncated")
-    ends = np.flatnonzero(~more)
-    starts = np.concatenate([[0], ends[:-1] + 1])
+    ends = np.flatnonzero(last)
+    starts = np.empty_like(ends)
+    starts[0], starts[1:] = 0, ends[:-1] + 1
     group_lengths = ends - starts + 1
-    if group_lengths.max() > 12:
+    longest = int(group_lengths.max())
+    if longest > 12:
         fail(ends[np.argmax(group_lengths)], "a run length is too large")
-    position = np.arange(chars.size) - np.repeat(starts, group_lengths)
-    values = np.add.reduceat((chars & 0x1F) << (5 * position), starts)
-    negative = (chars[ends] & 0x10) != 0
-    values = values - np.where(negative, np.left_shift(np.int64(1), 5 * group_lengths), 0)
-    owner = np.searchsorted(string_end, ends, side="right")  # string of each number
-    numbers = np.bincount(owner, minlength=len(strings))
-    first = np.cumsum(numbers) - numbers
-    index = np.arange(values.size) - first[owner]
-    out = values.copy()
-    for parity in (1, 2):  # run i >= 3 is stored as the difference to run i - 2, within each string
-        chosen = np.flatnonzero((index >= parity) & ((index - parity) % 2 == 0))
-        running = np.cumsum(values[chosen])
-        group = owner[chosen]
-        new_group = np.concatenate([[True], group[1:] != group[:-1]])
-        group_start = np.maximum.accumulate(np.where(new_group, np.arange(chosen.size), 0))
-        out[chosen] = running - (running - values[chosen])[group_start]
-    return np.split(out, np.cumsum(numbers)[:-1])
+    values = (chars[starts] & 0x1F).astype(np.int64)
+    longer = np.flatnonzero(group_lengths > 1)
+    for position in range(1, longest):  # characters after the first of a number (few)
+        if position > 1:
+            longer = longer[group_lengths[longer] > position]
+        values[longer] += (chars[starts[longer] + position] & 0x1F).astype(np.int64) << (5 * position)
+    negative = np.flatnonzero(chars[ends] & 0x10)
+    values[negative] -= np.left_shift(np.int64(1), 5 * group_lengths[negative])
+    numbers = np.diff(np.searchsorted(ends, string_end), prepend=0)  # numbers ending in each string
+    return _undo_differences(values, numbers), numbers
+
+
+def _undo_differences(values: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+    """Runs from the stored numbers: run ``i >= 3`` of a string is stored as its difference to run ``i - 2``.
+
+    So run ``i >= 1`` is the sum of the stored numbers ``j`` of its string with
+    ``1 <= j <= i`` and ``j = i (mod 2)``: two interleaved cumulative sums over
+    the whole array, minus their value where each string's chains begin.
+    """
+    first = (np.cumsum(numbers) - numbers)[numbers > 0]
+    numbers = numbers[numbers > 0]
+    chained = values.copy()
+    chained[first] = 0  # run 0 starts no chain
+    running = np.empty_like(chained)
+    running[0::2], running[1::2] = np.cumsum(chained[0::2]), np.cumsum(chained[1::2])
+    padded = np.concatenate([[0, 0], running])  # padded[g + 2] = running[g]
+    # Chain bases of each string: running at the last positions before its first of either parity.
+    odd_start = (first & 1).astype(bool)
+    base_even = np.where(odd_start, padded[first + 1], padded[first])  # position first-1 or first-2
+    base_odd = np.where(odd_start, padded[first], padded[first + 1])
+    base = np.repeat(base_even, numbers)
+    base[1::2] = np.repeat(base_odd, numbers)[1::2]
+    out = running - base
+    out[first] = values[first]
+    return out
+
+
+def strings_runs(strings: list) -> list[np.ndarray]:
+    """The run lengths of many compressed RLE strings, each int64 [m]; see :func:`strings_runs_flat`."""
+    if not strings:
+        return []
+    runs, counts = strings_runs_flat(strings)
+    return np.split(runs, np.cumsum(counts)[:-1])
 
 
 def string_runs(counts) -> np.ndarray:
@@ -174,4 +230,4 @@ def decode_into(masks: list, out: np.ndarray) -> None:
                        _valid_words(height, width, words_per_column, columns), out=slots[slot])
 
 
-__all__ = ["strings_runs", "string_runs", "runs_to_string", "foreground_pixels", "decode_into"]
+__all__ = ["strings_runs_flat", "strings_runs", "string_runs", "runs_to_string", "foreground_pixels", "decode_into"]

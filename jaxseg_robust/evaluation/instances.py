@@ -24,9 +24,9 @@ from jaxseg_robust.data.coco_instances import (
     load_ground_truth,
     read_json,
 )
-from jaxseg_robust.evaluation.mask_counts import CountSettings, ImageWork, count_pairs
+from jaxseg_robust.evaluation.mask_counts import MASK_PATHS, CountSettings, ImageWork, count_pairs
 from jaxseg_robust.metrics import coco_ap
-from jaxseg_robust.metrics.mask_pairs import boundary_ap_ious, pair_ious
+from jaxseg_robust.metrics.mask_pairs import PairCounts, boundary_ap_ious, pair_ious
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
 
 IOU_TYPES = ("segm", "boundary")
@@ -46,6 +46,8 @@ class InstanceEvalConfig:
       lvis_max_dets: LVIS detections kept per image (300).
       chunk_masks: masks per device call.
       progress: progress display on stderr (``auto``, ``tqdm``, ``plain``, ``none``).
+      mask_path: where mask AP counts are taken (``auto``, ``runs``, ``device``;
+        `jaxseg_robust.evaluation.mask_counts.CountSettings`); Boundary AP always uses the device.
     """
 
     iou_type: str = "segm"
@@ -54,6 +56,7 @@ class InstanceEvalConfig:
     lvis_max_dets: int = 300
     chunk_masks: int = 64
     progress: str = "auto"
+    mask_path: str = "auto"
 
     def __post_init__(self):
         if self.iou_type not in IOU_TYPES:
@@ -64,6 +67,14 @@ class InstanceEvalConfig:
             raise ValueError(f"dilation_ratio must be > 0, got {self.dilation_ratio!r}")
         if self.chunk_masks < 1 or self.lvis_max_dets < 1:
             raise ValueError("chunk_masks and lvis_max_dets must be >= 1")
+        if self.mask_path not in MASK_PATHS:
+            raise ValueError(f"mask_path must be one of {MASK_PATHS}, got {self.mask_path!r}")
+
+    @property
+    def count_settings(self) -> CountSettings:
+        """The settings of the pair counts (`jaxseg_robust.evaluation.mask_counts`)."""
+        return CountSettings(dilation_ratio=self.dilation_ratio, with_boundary=self.iou_type == "boundary",
+                             chunk_masks=self.chunk_masks, progress=self.progress, mask_path=self.mask_path)
 
     @property
     def params(self) -> coco_ap.APParams:
@@ -146,79 +157,106 @@ def _coco_blocks(gt: GroundTruth, by_image: dict) -> tuple[dict, dict]:
 
 
 def _block_lists(gt: GroundTruth, gts: dict, dts: dict, limit: int | None) -> dict:
-    """(image, category) -> (ground truths, detections sorted and capped), for blocks with either."""
+    """(image, category) -> (ground truths, detections sorted and capped) for blocks with either.
+
+    Blocks in category order (sorted ids), then image order (sorted ids); a
+    block's detections by decreasing score, ties in file order (Python's sort
+    is stable, as the reference's mergesort).
+    """
+    category_index = {category_id: k for k, category_id in enumerate(gt.category_ids)}
+    image_index = {image_id: i for i, image_id in enumerate(gt.image_ids)}
+    keys = sorted(set(gts) | set(dts), key=lambda key: (category_index[key[1]], image_index[key[0]]))
     blocks = {}
-    for category_id in gt.category_ids:
-        for image_id in gt.image_ids:
-            key = (image_id, category_id)
-            block_gts, block_dts = gts.get(key, []), dts.get(key, [])
-            if block_gts or block_dts:
-                ordered = _stable_by_score(block_dts)
-                blocks[key] = (block_gts, ordered if limit is None else ordered[:limit])
+    for key in keys:
+        ordered = sorted(dts.get(key, []), key=lambda detection: -detection.score)
+        blocks[key] = (gts.get(key, []), ordered if limit is None else ordered[:limit])
     return blocks
 
 
-def _image_work(gt: GroundTruth, blocks: dict) -> tuple[list, dict]:
-    """The mask work per image and, per block, where its pairs are: image index and pair offset."""
-    works, where, per_image = [], {}, {}
-    for (image_id, category_id), (block_gts, block_dts) in blocks.items():
-        if not (block_gts and block_dts):
-            continue
-        per_image.setdefault(image_id, []).append(((image_id, category_id), block_gts, block_dts))
-    for image_id, entries in per_image.items():
-        height, width = gt.images[image_id]
-        masks, pairs = [], []
-        for key, block_gts, block_dts in entries:
-            first_gt = len(masks)
-            masks.extend(g.runs for g in block_gts)
-            first_dt = len(masks)
-            masks.extend(d.runs for d in block_dts)
-            dt_index, gt_index = np.meshgrid(np.arange(len(block_dts)), np.arange(len(block_gts)), indexing="ij")
-            where[key] = (len(works), sum(len(p) for p in pairs), len(block_dts), len(block_gts))
-            pairs.append(np.stack([first_dt + dt_index.reshape(-1), first_gt + gt_index.reshape(-1)], axis=1))
-        works.append(ImageWork(height, width, masks, np.concatenate(pairs).astype(np.int32)))
-    return works, where
+def _image_work(gt: GroundTruth, blocks: dict) -> tuple[list, np.ndarray]:
+    """The mask work per image, and where each block pair's counts land.
+
+    Returns:
+      (works, pair_index): one ImageWork per image with pairs (in order of
+      first appearance among the blocks); ``pair_index`` int64 [sum D*G]: for
+      every (detection, ground truth) pair of the blocks, in block order and
+      row-major within a block, its position among the works' pairs laid end
+      to end.
+    """
+    sizes = np.array([(len(dts), len(gts)) for gts, dts in blocks.values()], np.int64).reshape(-1, 2)
+    per_image: dict = {}
+    for index, ((image_id, _), (block_gts, block_dts)) in enumerate(blocks.items()):
+        if block_gts and block_dts:
+            per_image.setdefault(image_id, []).append(index)
+    order = np.array([index for members in per_image.values() for index in members], np.int64)
+    n_dt, n_gt = sizes[order, 0], sizes[order, 1]
+    image_of = np.repeat(np.arange(len(per_image)), [len(members) for members in per_image.values()])
+    block_masks = n_gt + n_dt
+    running = np.cumsum(block_masks) - block_masks
+    first_mask = running - running[np.searchsorted(image_of, image_of)]  # of each block, within its image
+    block, pair = coco_ap.piece_positions(n_dt * n_gt)
+    dt_mask = first_mask[block] + n_gt[block] + pair // n_gt[block]
+    gt_mask = first_mask[block] + pair % n_gt[block]
+    pair_index = np.zeros(int((sizes[:, 0] * sizes[:, 1]).sum()), np.int64)
+    pair_index[coco_ap.piece_starts(sizes[:, 0] * sizes[:, 1])[order][block] + pair] = np.arange(block.size)
+    items = list(blocks.values())
+    pairs_per_image = np.bincount(image_of[block], minlength=len(per_image))
+    splits = np.split(np.stack([dt_mask, gt_mask], axis=1).astype(np.int32), np.cumsum(pairs_per_image)[:-1])
+    works = []
+    for (image_id, members), pairs in zip(per_image.items(), splits):
+        masks = [m.runs for index in members for m in (*items[index][0], *items[index][1])]
+        works.append(ImageWork(*gt.images[image_id], masks, pairs))
+    return works, pair_index
 
 
-def _block_ious(work: ImageWork, counts, place: tuple, crowd: np.ndarray, boundary: bool) -> np.ndarray:
-    """float64 [D, G] similarity of one block from its image's counts (pycocotools' arithmetic)."""
-    _, offset, n_dt, n_gt = place
-    rows = slice(offset, offset + n_dt * n_gt)
-    dt_mask, gt_mask = work.pairs[rows, 0], work.pairs[rows, 1]
-    crowd_pairs = np.tile(crowd, n_dt)
-    ious = pair_ious(counts.intersection[rows], counts.area[dt_mask], counts.area[gt_mask], crowd_pairs)
+def _pair_similarity(works: list, counts: list, pair_index: np.ndarray, crowd: np.ndarray,
+                     boundary: bool) -> np.ndarray:
+    """float64 [sum D*G]: every block pair's similarity (block order) from the counts (pycocotools' arithmetic).
+
+    ``crowd``: bool [sum D*G], the pair's ground truth is a crowd region.
+    """
+    if not works:
+        return np.zeros(0)
+    first_mask = coco_ap.piece_starts([len(work.masks) for work in works])
+    dt_mask = np.concatenate([work.pairs[:, 0] + first for work, first in zip(works, first_mask)])[pair_index]
+    gt_mask = np.concatenate([work.pairs[:, 1] + first for work, first in zip(works, first_mask)])[pair_index]
+    every = PairCounts(*(np.concatenate([getattr(c, field) for c in counts]) for field in PairCounts._fields))
+    ious = pair_ious(every.intersection[pair_index], every.area[dt_mask], every.area[gt_mask], crowd)
     if boundary:
-        boundary_ious = pair_ious(counts.boundary_intersection[rows], counts.boundary_area[dt_mask],
-                                  counts.boundary_area[gt_mask], False)
-        ious = boundary_ap_ious(ious, boundary_ious, crowd_pairs)
-    return ious.reshape(n_dt, n_gt)
+        boundary_ious = pair_ious(every.boundary_intersection[pair_index], every.boundary_area[dt_mask],
+                                  every.boundary_area[gt_mask], False)
+        ious = boundary_ap_ious(ious, boundary_ious, crowd)
+    return ious
 
 
-def _make_blocks(gt: GroundTruth, blocks: dict, works: list, counts: list, where: dict,
-                 config: InstanceEvalConfig) -> list[list[coco_ap.Block]]:
-    """coco_ap.Block lists per category (sorted ids), images in increasing id order."""
+def _block_table(gt: GroundTruth, blocks: dict, config: InstanceEvalConfig) -> coco_ap.Blocks:
+    """The blocks as coco_ap.Blocks, similarities left empty (see `_pair_similarity`)."""
     unpenalised = {}
     if config.dataset == "lvis":
         for image in gt.dataset.get("images", []):
             unpenalised[image["id"]] = set(image.get("not_exhaustive_category_ids", []))
-    by_category = {category_id: [] for category_id in gt.category_ids}
-    for (image_id, category_id), (block_gts, block_dts) in blocks.items():
-        crowd = np.array([g.crowd for g in block_gts], bool)
-        if block_gts and block_dts:
-            place = where[(image_id, category_id)]
-            ious = _block_ious(works[place[0]], counts[place[0]], place, crowd, config.iou_type == "boundary")
-        else:
-            ious = np.zeros((len(block_dts), len(block_gts)))
-        by_category[category_id].append(coco_ap.Block(
-            ious=ious,
-            gt_area=np.array([g.area for g in block_gts], np.float64),
-            gt_ignore=np.array([g.ignore for g in block_gts], bool),
-            gt_crowd=crowd,
-            dt_area=np.array([d.area for d in block_dts], np.float64),
-            dt_score=np.array([d.score for d in block_dts], np.float64),
-            dt_unpenalised=category_id in unpenalised.get(image_id, ()),
-        ))
-    return [by_category[category_id] for category_id in gt.category_ids]
+    category_index = {category_id: k for k, category_id in enumerate(gt.category_ids)}
+    gts = [g for block_gts, _ in blocks.values() for g in block_gts]
+    dts = [d for _, block_dts in blocks.values() for d in block_dts]
+    return coco_ap.Blocks(
+        category=np.array([category_index[category_id] for _, category_id in blocks], np.int64),
+        n_dt=np.array([len(block_dts) for _, block_dts in blocks.values()], np.int64),
+        n_gt=np.array([len(block_gts) for block_gts, _ in blocks.values()], np.int64),
+        ious=np.zeros(0),
+        gt_area=np.array([g.area for g in gts], np.float64),
+        gt_ignore=np.array([g.ignore for g in gts], bool),
+        gt_crowd=np.array([g.crowd for g in gts], bool),
+        dt_area=np.array([d.area for d in dts], np.float64),
+        dt_score=np.array([d.score for d in dts], np.float64),
+        dt_unpenalised=np.array([category_id in unpenalised.get(image_id, ()) for image_id, category_id in blocks],
+                                bool),
+    )
+
+
+def _pair_crowd(table: coco_ap.Blocks) -> np.ndarray:
+    """bool [sum D*G]: whether each block pair's ground truth is a crowd region (block order, row-major)."""
+    block, pair = coco_ap.piece_positions(table.n_dt * table.n_gt)
+    return table.gt_crowd[coco_ap.piece_starts(table.n_gt)[block] + pair % table.n_gt[block]]
 
 
 def _frequency_groups(gt: GroundTruth) -> list[list[int]]:
@@ -250,9 +288,69 @@ def _select(gt: GroundTruth, results, config: InstanceEvalConfig, warn) -> tuple
     return _block_lists(gt, gts, dts, config.params.block_limit), len(every)
 
 
+@dataclasses.dataclass
+class PreparedInstances:
+    """A checked evaluation before its pixel counts (:func:`prepare_instances`).
+
+    Attributes:
+      gt: the ground truth; blocks: (image, category) -> (ground truths,
+        detections sorted and capped), in block order; works, pair_index: the
+        mask work per image and where each block pair's counts land
+        (`_image_work`); n_detections: detections read from the results file.
+    """
+
+    gt: GroundTruth
+    blocks: dict
+    works: list
+    pair_index: np.ndarray
+    n_detections: int
+
+
+def prepare_instances(ground_truth, results, config: InstanceEvalConfig = InstanceEvalConfig(), *,
+                      warn: Callable[[str], None] = default_warn) -> PreparedInstances:
+    """Reads and checks both files and lays out the evaluation (the first stage of :func:`evaluate_instances`)."""
+    gt = load_ground_truth(ground_truth)
+    blocks, n_detections = _select(gt, results, config, warn)
+    works, pair_index = _image_work(gt, blocks)
+    return PreparedInstances(gt, blocks, works, pair_index, n_detections)
+
+
+def finish_instances(prepared: PreparedInstances, counts: list,
+                     config: InstanceEvalConfig = InstanceEvalConfig()) -> InstanceEvaluation:
+    """Similarities, matching, accumulation and summaries from the pair counts (the last stage).
+
+    Args:
+      prepared: :func:`prepare_instances`; counts: ``count_pairs(prepared.works, config.count_settings)``.
+    """
+    gt, blocks = prepared.gt, prepared.blocks
+    table = _block_table(gt, blocks, config)
+    table = table._replace(ious=_pair_similarity(prepared.works, counts, prepared.pair_index, _pair_crowd(table),
+                                                 config.iou_type == "boundary"))
+    matches = coco_ap.match_blocks(table, config.params)
+    accumulated = coco_ap.accumulate(table, matches, len(gt.category_ids), config.params)
+    if config.dataset == "lvis":
+        summary = coco_ap.lvis_summary(accumulated, _frequency_groups(gt))
+    else:
+        summary = coco_ap.coco_summary(accumulated, config.params)
+    rows = coco_ap.per_category_ap(accumulated)
+    categories = [{"category_id": category_id, "name": str(gt.categories[category_id].get("name", category_id)),
+                   **dict(zip(coco_ap.PER_CATEGORY_COLUMNS, map(float, row)))}
+                  for category_id, row in zip(gt.category_ids, rows)]
+    counts_summary = {"images": len(gt.image_ids),
+                      "ground_truths": sum(len(v) for v in gt.annotations.values()),
+                      "detections_read": prepared.n_detections,
+                      "detections_evaluated": sum(len(d) for _, d in blocks.values())}
+    return InstanceEvaluation(summary, categories, accumulated, counts_summary, config)
+
+
 def evaluate_instances(ground_truth, results, config: InstanceEvalConfig = InstanceEvalConfig(), *,
                        warn: Callable[[str], None] = default_warn) -> InstanceEvaluation:
     """Mask AP or Boundary AP of a results file, as the official COCO / LVIS evaluators compute it.
+
+    Three stages: :func:`prepare_instances` (files, checks, layout),
+    `jaxseg_robust.evaluation.mask_counts.count_pairs` (pixel counts, on the
+    device or from the run lengths), :func:`finish_instances` (similarities,
+    matching, accumulation, summaries).
 
     Args:
       ground_truth: path of a COCO / LVIS ground-truth JSON, or the loaded dict.
@@ -268,28 +366,9 @@ def evaluate_instances(ground_truth, results, config: InstanceEvalConfig = Insta
       CocoFormatError: a bad file, naming the image, annotation or result at fault.
       ImportError: polygon annotations without pycocotools (names the ``coco`` extra).
     """
-    gt = load_ground_truth(ground_truth)
-    blocks, n_detections = _select(gt, results, config, warn)
-    works, where = _image_work(gt, blocks)
-    settings = CountSettings(dilation_ratio=config.dilation_ratio, with_boundary=config.iou_type == "boundary",
-                             chunk_masks=config.chunk_masks, progress=config.progress)
-    counts = count_pairs(works, settings)
-    per_category = _make_blocks(gt, blocks, works, counts, where, config)
-    matches = [coco_ap.match_blocks(category_blocks, config.params) for category_blocks in per_category]
-    accumulated = coco_ap.accumulate(per_category, matches, config.params)
-    if config.dataset == "lvis":
-        summary = coco_ap.lvis_summary(accumulated, _frequency_groups(gt))
-    else:
-        summary = coco_ap.coco_summary(accumulated, config.params)
-    table = coco_ap.per_category_ap(accumulated)
-    categories = [{"category_id": category_id, "name": str(gt.categories[category_id].get("name", category_id)),
-                   **dict(zip(coco_ap.PER_CATEGORY_COLUMNS, map(float, row)))}
-                  for category_id, row in zip(gt.category_ids, table)]
-    counts_summary = {"images": len(gt.image_ids),
-                      "ground_truths": sum(len(v) for v in gt.annotations.values()),
-                      "detections_read": n_detections,
-                      "detections_evaluated": sum(len(d) for _, d in blocks.values())}
-    return InstanceEvaluation(summary, categories, accumulated, counts_summary, config)
+    prepared = prepare_instances(ground_truth, results, config, warn=warn)
+    return finish_instances(prepared, count_pairs(prepared.works, config.count_settings), config)
 
 
-__all__ = ["IOU_TYPES", "DATASETS", "InstanceEvalConfig", "InstanceEvaluation", "evaluate_instances"]
+__all__ = ["IOU_TYPES", "DATASETS", "InstanceEvalConfig", "InstanceEvaluation", "PreparedInstances",
+           "prepare_instances", "finish_instances", "evaluate_instances"]

@@ -57,34 +57,56 @@ COCO_PARAMS = APParams()
 LVIS_PARAMS = APParams(max_dets=(None,), upper_inclusive=False)
 
 
-class Block(NamedTuple):
-    """One (image, category) of the evaluation (host arrays).
+class Blocks(NamedTuple):
+    """The blocks of an evaluation, one (image, category) each, stored column-wise (host arrays).
+
+    Within a block, ground truths are in file order and detections in
+    decreasing score (stable) order, capped as the reference caps them; the
+    blocks of one category are in increasing image id order.
 
     Attributes:
-      ious: float64 [D, G] detection x ground-truth similarity (rows in detection order).
-      gt_area: float64 [G] the annotations' ``area`` field.
-      gt_ignore: bool [G] ``ignore`` or ``iscrowd`` set.
-      gt_crowd: bool [G] ``iscrowd`` set (crowd regions can match several detections).
-      dt_area: float64 [D]; dt_score: float64 [D] (non-increasing).
-      dt_unpenalised: bool, unmatched detections are ignored (LVIS: the category
+      category: int [B] category index (0 .. K-1) of each block.
+      n_dt, n_gt: int [B] detections and ground truths of each block.
+      ious: float64 [sum n_dt * n_gt]: each block's [n_dt, n_gt] similarity matrix, row-major, block after block.
+      gt_area: float64 [sum n_gt] the annotations' ``area`` field; gt_ignore: bool, ``ignore`` or
+        ``iscrowd`` set; gt_crowd: bool, ``iscrowd`` set (crowd regions can match several detections).
+      dt_area, dt_score: float64 [sum n_dt].
+      dt_unpenalised: bool [B], unmatched detections of the block are ignored (LVIS: the category
         is in the image's ``not_exhaustive_category_ids``).
     """
 
+    category: np.ndarray
+    n_dt: np.ndarray
+    n_gt: np.ndarray
     ious: np.ndarray
     gt_area: np.ndarray
     gt_ignore: np.ndarray
     gt_crowd: np.ndarray
     dt_area: np.ndarray
     dt_score: np.ndarray
-    dt_unpenalised: bool = False
+    dt_unpenalised: np.ndarray
 
 
-class BlockMatches(NamedTuple):
-    """Matching of one block: ``dt_matched``/``dt_ignore`` bool [A, T, D], ``gt_ignore`` bool [A, G]."""
+class Matches(NamedTuple):
+    """The matching of every block, block after block: ``dt_matched``/``dt_ignore`` bool [A, T, sum n_dt],
+    ``gt_ignore`` bool [A, sum n_gt]."""
 
     dt_matched: np.ndarray
     dt_ignore: np.ndarray
     gt_ignore: np.ndarray
+
+
+def piece_starts(counts: np.ndarray) -> np.ndarray:
+    """int64 [B]: where each of B consecutive pieces of the given sizes starts."""
+    counts = np.asarray(counts, np.int64)
+    return np.cumsum(counts) - counts
+
+
+def piece_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(piece of each element, index of the element within its piece) for consecutive pieces of these sizes."""
+    counts = np.asarray(counts, np.int64)
+    piece = np.repeat(np.arange(counts.size), counts)
+    return piece, np.arange(piece.size) - piece_starts(counts)[piece]
 
 
 def out_of_range(area, params: APParams) -> np.ndarray:
@@ -131,10 +153,9 @@ def _match_group(ious: np.ndarray, crowd: np.ndarray, ignore: np.ndarray) -> tup
     for d in range(n_dt):
         iou = ious[:, d, :][:, None, None, :]
         candidate = (~taken | free_crowd) & (iou >= threshold)
-        regular, regular_ok = _last_best(np.where(candidate & ~ignore4, iou, -np.inf))
-        ignored, ignored_ok = _last_best(np.where(candidate & ignore4, iou, -np.inf))
-        pick = np.where(regular_ok, regular, ignored)
-        found = regular_ok | ignored_ok
+        regular_ok = (candidate & ~ignore4).any(axis=-1)
+        kind = np.where(regular_ok[..., None], ~ignore4, ignore4)  # regular ground truths if any is a candidate
+        pick, found = _last_best(np.where(candidate & kind, iou, -np.inf))
         matched[..., d] = found
         on_ignored[..., d] = found & ~regular_ok
         taken.reshape(-1, n_gt)[flat, pick.reshape(-1)] |= found.reshape(-1)
@@ -145,45 +166,46 @@ def _pad_to(size: int) -> int:
     return 1 << max(int(size) - 1, 0).bit_length()
 
 
-def match_blocks(blocks: list[Block], params: APParams) -> list[BlockMatches]:
-    """The reference's ``evaluateImg`` for every block and area range (vectorised over blocks).
+def _match_padded(blocks: Blocks, members: np.ndarray, shape: tuple[int, int], gt_ignore: np.ndarray,
+                  out: tuple[np.ndarray, np.ndarray]) -> None:
+    """Matches the blocks ``members`` (all with detections and ground truths) padded to ``shape`` = (D, G).
 
-    Returns:
-      one BlockMatches per block, in order.
+    Writes their detections' columns of ``out`` = (matched, on ignored) [A, T, sum n_dt].
     """
-    n_thr = IOU_THRESHOLDS.size
-    results: list[BlockMatches | None] = [None] * len(blocks)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for index, block in enumerate(blocks):
-        n_dt, n_gt = block.ious.shape if block.ious.size else (block.dt_score.size, block.gt_area.size)
-        groups.setdefault((_pad_to(n_dt) if n_gt and n_dt else 0, _pad_to(n_gt) if n_gt and n_dt else 0),
-                          []).append(index)
-    for (n_dt, n_gt), members in groups.items():
-        if n_dt and n_gt:
-            ious = np.full((len(members), n_dt, n_gt), -np.inf)
-            crowd = np.zeros((len(members), n_gt), bool)
-            ignore = np.ones((len(members), len(AREA_RANGES), n_gt), bool)
-            for row, index in enumerate(members):
-                block = blocks[index]
-                d, g = block.ious.shape
-                ious[row, :d, :g] = block.ious
-                crowd[row, :g] = block.gt_crowd
-                ignore[row, :, :g] = block.gt_ignore[None, :] | out_of_range(block.gt_area, params)
-            matched, on_ignored = _match_group(ious, crowd, ignore)
-        for row, index in enumerate(members):
-            block = blocks[index]
-            n_block_dt = block.dt_score.size
-            gt_ignore = block.gt_ignore[None, :] | out_of_range(block.gt_area, params)
-            if n_dt and n_gt:
-                dt_matched = matched[row, :, :, :n_block_dt]
-                dt_ignore = on_ignored[row, :, :, :n_block_dt]
-            else:
-                dt_matched = np.zeros((len(AREA_RANGES), n_thr, n_block_dt), bool)
-                dt_ignore = dt_matched.copy()
-            unmatched_ignored = out_of_range(block.dt_area, params) | block.dt_unpenalised
-            dt_ignore = dt_ignore | (~dt_matched & unmatched_ignored[:, None, :])
-            results[index] = BlockMatches(dt_matched, dt_ignore, gt_ignore)
-    return results
+    n_dt, n_gt = blocks.n_dt[members], blocks.n_gt[members]
+    gt_first, dt_first = piece_starts(blocks.n_gt)[members], piece_starts(blocks.n_dt)[members]
+    iou_first = piece_starts(blocks.n_dt * blocks.n_gt)[members]
+    ious = np.full((members.size,) + shape, -np.inf)
+    row, pair = piece_positions(n_dt * n_gt)
+    ious[row, pair // n_gt[row], pair % n_gt[row]] = blocks.ious[iou_first[row] + pair]
+    crowd = np.zeros((members.size, shape[1]), bool)
+    ignore = np.ones((members.size, len(AREA_RANGES), shape[1]), bool)
+    row, g = piece_positions(n_gt)
+    crowd[row, g] = blocks.gt_crowd[gt_first[row] + g]
+    ignore[row, :, g] = gt_ignore[:, gt_first[row] + g].T
+    matched, on_ignored = _match_group(ious, crowd, ignore)
+    row, d = piece_positions(n_dt)
+    out[0][:, :, dt_first[row] + d] = matched[row, :, :, d].transpose(1, 2, 0)
+    out[1][:, :, dt_first[row] + d] = on_ignored[row, :, :, d].transpose(1, 2, 0)
+
+
+def match_blocks(blocks: Blocks, params: APParams) -> Matches:
+    """The reference's ``evaluateImg`` for every block and area range.
+
+    Blocks are grouped by their size rounded up to powers of two and each
+    group is matched at once (`_match_group`), whatever its categories.
+    """
+    gt_ignore = blocks.gt_ignore[None, :] | out_of_range(blocks.gt_area, params)
+    shape = (len(AREA_RANGES), IOU_THRESHOLDS.size, blocks.dt_score.size)
+    matched, on_ignored = np.zeros(shape, bool), np.zeros(shape, bool)
+    both = np.flatnonzero((blocks.n_dt > 0) & (blocks.n_gt > 0))
+    padded = np.array([[_pad_to(d), _pad_to(g)] for d, g in zip(blocks.n_dt[both], blocks.n_gt[both])],
+                      np.int64).reshape(-1, 2)
+    for size in np.unique(padded, axis=0):
+        members = both[(padded == size).all(axis=1)]
+        _match_padded(blocks, members, (int(size[0]), int(size[1])), gt_ignore, (matched, on_ignored))
+    unmatched_ignored = out_of_range(blocks.dt_area, params) | np.repeat(blocks.dt_unpenalised, blocks.n_dt)
+    return Matches(matched, on_ignored | (~matched & unmatched_ignored[:, None, :]), gt_ignore)
 
 
 class Accumulated(NamedTuple):
@@ -193,63 +215,137 @@ class Accumulated(NamedTuple):
     recall: np.ndarray
 
 
-def _precision_at_recalls(tp_sum: np.ndarray, fp_sum: np.ndarray, n_gt: int) -> tuple[np.ndarray, np.ndarray]:
-    """(precision [T, R], final recall [T]) from cumulative TP/FP counts [T, n] (the reference's steps)."""
-    n = tp_sum.shape[1]
-    recall = tp_sum / n_gt
-    precision = tp_sum / (fp_sum + tp_sum + np.spacing(1))
-    envelope = np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1]
-    out = np.zeros((tp_sum.shape[0], RECALL_THRESHOLDS.size))
-    for t in range(tp_sum.shape[0]):
-        index = np.searchsorted(recall[t], RECALL_THRESHOLDS, side="left")
-        inside = index < n
-        out[t, inside] = envelope[t, index[inside]]
-    final = recall[:, -1] if n else np.zeros(tp_sum.shape[0])
-    return out, final
+ACCUMULATE_ELEMENTS = 1 << 21  # (setting, detection) elements per vectorised accumulation step
 
 
-def _category_arrays(blocks: list[Block], matches: list[BlockMatches]):
-    """Concatenation over a category's blocks (image order): scores, rank in block, matched, ignore, gt ignore."""
-    scores = np.concatenate([b.dt_score for b in blocks]) if blocks else np.zeros(0)
-    ranks = np.concatenate([np.arange(b.dt_score.size) for b in blocks]) if blocks else np.zeros(0, int)
-    matched = np.concatenate([m.dt_matched for m in matches], axis=2)
-    ignore = np.concatenate([m.dt_ignore for m in matches], axis=2)
-    gt_ignore = np.concatenate([m.gt_ignore for m in matches], axis=1)
-    return scores, ranks, matched, ignore, gt_ignore
+def _recall_steps(n_gt: np.ndarray) -> np.ndarray:
+    """int64 [..., R]: for each ground-truth count (> 0), the fewest true positives whose recall reaches each threshold.
+
+    ``k`` true positives give the reference's recall ``k / n_gt`` (float64);
+    its ``searchsorted(recall, r, "left")`` finds the first detection where
+    that reaches ``r``, i.e. where the TP count first reaches this ``k``.
+    Counts of 0 get ``k = 0`` (their settings are undefined).
+    """
+    n_gt = np.asarray(n_gt, np.int64)
+    steps = np.zeros(n_gt.shape + RECALL_THRESHOLDS.shape, np.int64)
+    for count in np.unique(n_gt[n_gt > 0]):
+        steps[n_gt == count] = np.searchsorted(np.arange(count + 1) / int(count), RECALL_THRESHOLDS, side="left")
+    return steps
 
 
-def accumulate(blocks_by_category: list[list[Block]], matches_by_category: list[list[BlockMatches]],
-               params: APParams) -> Accumulated:
-    """The reference's ``accumulate``: precision at 101 recall points and final recall per setting.
+def _segments_precision(tps: np.ndarray, fps: np.ndarray, lengths: np.ndarray,
+                        steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Precision at the recall thresholds of several categories' detections laid end to end, every setting at once.
+
+    The reference's steps for each setting row and category: cumulative TP /
+    FP counts, precision ``tp / (tp + fp + eps)`` made non-increasing from the
+    right, read at the first detection whose recall reaches each threshold
+    (0 past the last detection). Here counts restart at each category, the
+    first detection with ``k`` TPs is read off the TP positions, and the
+    right-to-left maximum from there is the maximum over the stretches
+    between consecutive read positions (``maximum.reduceat`` over the
+    precisions with a 0 after each category, which is what a threshold past
+    the last detection reads) accumulated from the right, all exact.
 
     Args:
-      blocks_by_category: for each evaluated category (K, sorted ids), its
-        non-empty blocks in increasing image id order.
-      matches_by_category: the :func:`match_blocks` results, same structure.
+      tps, fps: bool [rows, N]: detections (score order within each category)
+        counted as true / false positives in each setting row.
+      lengths: int [S] detections of each category (> 0), ``sum = N``.
+      steps: int [S, rows, R] TP count at which each recall threshold is reached (:func:`_recall_steps`).
+
+    Returns:
+      (precision float64 [R, rows, S], TP count at the last detection int64 [rows, S]).
+    """
+    n_rows, n = tps.shape
+    first = piece_starts(lengths)
+    segment = np.repeat(np.arange(lengths.size), lengths)
+    tp_count, fp_count = np.cumsum(tps, axis=1), np.cumsum(fps, axis=1)
+    tp_count -= np.concatenate([np.zeros((n_rows, 1), np.int64), tp_count], axis=1)[:, first][:, segment]
+    fp_count -= np.concatenate([np.zeros((n_rows, 1), np.int64), fp_count], axis=1)[:, first][:, segment]
+    tp_sum = tp_count.astype(np.float64)
+    separated = np.zeros((n_rows, n + lengths.size))  # each category's precisions, then a 0
+    separated[:, np.arange(n) + segment] = tp_sum / (fp_count.astype(np.float64) + tp_sum + np.spacing(1))
+    # reached[row, segment, k]: local index of the first detection with k TPs (its length when none), flattened.
+    width = lengths + 2
+    table_first = piece_starts(width)
+    row_width = int(width.sum())
+    reached = np.tile(np.repeat(lengths, width), n_rows)
+    reached[(np.arange(n_rows)[:, None] * row_width + table_first[None, :]).reshape(-1)] = 0
+    row, column = np.nonzero(tps)
+    owner = segment[column]
+    reached[row * row_width + table_first[owner] + tp_count[row, column]] = column - first[owner]
+    wanted = np.minimum(steps, (lengths + 1)[:, None, None]).transpose(1, 0, 2)  # [rows, S, R]
+    index = reached[(np.arange(n_rows) * row_width)[:, None, None] + table_first[None, :, None] + wanted]
+    position = index + ((np.arange(n_rows) * separated.shape[1])[:, None, None] + (first + np.arange(lengths.size)
+                                                                                     )[None, :, None])
+    stretches = np.maximum.reduceat(separated.reshape(-1), position.reshape(-1)).reshape(-1, steps.shape[-1])
+    envelope = np.maximum.accumulate(np.ascontiguousarray(stretches.T[::-1]), axis=0)[::-1]
+    return envelope.reshape(-1, n_rows, lengths.size), tp_count[:, first + lengths - 1]
+
+
+def _category_chunks(lengths: np.ndarray, per_chunk: int) -> list[np.ndarray]:
+    """Indices of consecutive categories in chunks of at most ``per_chunk`` detections (or of one category)."""
+    chunks, current, size = [], [], 0
+    for index, length in enumerate(lengths):
+        if current and size + length > per_chunk:
+            chunks.append(np.array(current))
+            current, size = [], 0
+        current.append(index)
+        size += int(length)
+    return chunks + [np.array(current)] if current else chunks
+
+
+def accumulate(blocks: Blocks, matches: Matches, n_categories: int, params: APParams) -> Accumulated:
+    """The reference's ``accumulate``: precision at 101 recall points and final recall per setting.
+
+    Vectorised over categories, area ranges, max-dets and thresholds
+    (:func:`_segments_precision`): a detection beyond a block's ``max_dets``
+    counts as neither TP nor FP instead of being left out. That only repeats
+    the counts of the detection before it (or leaves zeros before the first
+    one), which changes no precision envelope value read and no first index
+    where a recall is reached, so every number equals the reference's.
+
+    Args:
+      blocks: every block (:class:`Blocks`); matches: their :func:`match_blocks`.
+      n_categories: K, the evaluated categories (indices in ``blocks.category``).
 
     Returns:
       Accumulated arrays.
     """
-    n_thr, n_rec, n_area = IOU_THRESHOLDS.size, RECALL_THRESHOLDS.size, len(AREA_RANGES)
-    n_cat, n_max = len(blocks_by_category), len(params.max_dets)
-    precision = -np.ones((n_thr, n_rec, n_cat, n_area, n_max))
-    recall = -np.ones((n_thr, n_cat, n_area, n_max))
-    for k, (blocks, matches) in enumerate(zip(blocks_by_category, matches_by_category)):
-        if not blocks:
-            continue
-        scores, ranks, matched, ignore, gt_ignore = _category_arrays(blocks, matches)
-        order = np.argsort(-scores, kind="mergesort")
-        for a in range(n_area):
-            n_gt = int(np.count_nonzero(~gt_ignore[a]))
-            if n_gt == 0:
-                continue
-            for m, max_det in enumerate(params.max_dets):
-                keep = order if max_det is None else order[ranks[order] < max_det]
-                tps = matched[a][:, keep] & ~ignore[a][:, keep]
-                fps = ~matched[a][:, keep] & ~ignore[a][:, keep]
-                tp_sum = np.cumsum(tps, axis=1).astype(np.float64)
-                fp_sum = np.cumsum(fps, axis=1).astype(np.float64)
-                precision[:, :, k, a, m], recall[:, k, a, m] = _precision_at_recalls(tp_sum, fp_sum, n_gt)
+    n_thr, n_area, n_max = IOU_THRESHOLDS.size, len(AREA_RANGES), len(params.max_dets)
+    gt_category = np.repeat(blocks.category, blocks.n_gt)
+    n_gt = np.stack([np.bincount(gt_category, ~ignored, minlength=n_categories) for ignored in matches.gt_ignore],
+                    axis=1).astype(np.int64)  # [K, A]
+    precision = np.zeros((n_thr, RECALL_THRESHOLDS.size, n_categories, n_area, n_max))
+    tp_final = np.zeros((n_thr, n_categories, n_area, n_max), np.int64)
+    dt_category = np.repeat(blocks.category, blocks.n_dt)
+    _, ranks = piece_positions(blocks.n_dt)
+    order = np.lexsort((-blocks.dt_score, dt_category))  # stable: within a category, ties keep block order
+    lengths = np.bincount(dt_category, minlength=n_categories)
+    first = piece_starts(lengths)
+    scored = np.flatnonzero(n_gt.any(axis=1) & (lengths > 0))  # categories with something to accumulate
+    steps = _recall_steps(n_gt)  # [K, A, R]
+    n_rows = n_area * n_max * n_thr
+    for chunk in _category_chunks(lengths[scored], max(1, ACCUMULATE_ELEMENTS // n_rows)):
+        categories = scored[chunk]
+        chosen = order[np.concatenate([np.arange(first[k], first[k] + lengths[k]) for k in categories])]
+        kept = np.stack([np.ones(chosen.size, bool) if max_det is None else ranks[chosen] < max_det
+                         for max_det in params.max_dets])  # [M, n]
+        counted = ~matches.dt_ignore[:, None][..., chosen] & kept[None, :, None, :]  # [A, M, T, n]
+        hit = matches.dt_matched[:, None][..., chosen]
+        values, final = _segments_precision((hit & counted).reshape(n_rows, -1), (~hit & counted).reshape(n_rows, -1),
+                                            lengths[categories],
+                                            np.broadcast_to(steps[categories][:, :, None, None],
+                                                            (len(categories), n_area, n_max, n_thr, steps.shape[-1])
+                                                            ).reshape(len(categories), n_rows, -1))
+        # values [R, rows = (A, M, T), S], final [rows, S] -> [T, R, K, A, M], [T, K, A, M]
+        precision[:, :, categories] = values.reshape(-1, n_area, n_max, n_thr, len(categories)).transpose(3, 0, 4, 1, 2)
+        tp_final[:, categories] = final.reshape(n_area, n_max, n_thr, -1).transpose(2, 3, 0, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        recall = tp_final / n_gt[None, :, :, None]  # the reference's tp / n_gt, float64
+    undefined = (n_gt == 0)[:, :, None]
+    precision[:, :, undefined.repeat(n_max, axis=2)] = -1.0
+    recall[:, undefined.repeat(n_max, axis=2)] = -1.0
     return Accumulated(precision, recall)
 
 
@@ -307,23 +403,39 @@ def lvis_summary(acc: Accumulated, frequency_groups: list[list[int]]) -> dict[st
     return dict(zip(LVIS_SUMMARY_NAMES, values))
 
 
+def _row_means(values: np.ndarray) -> np.ndarray:
+    """float64 [K]: :func:`_mean_defined` of each row of ``values`` [K, n].
+
+    A row that is wholly defined (as every (category, area, max-dets) setting
+    is: accumulate fills it at once) is averaged along the contiguous axis,
+    which sums it in the same pairwise order as the 1-D mean of the row;
+    other rows go through :func:`_mean_defined`.
+    """
+    values = np.ascontiguousarray(values)
+    defined = values > -1
+    out = np.where(defined.all(axis=1), values.mean(axis=1) if values.shape[1] else -1.0, -1.0)
+    for k in np.flatnonzero(defined.any(axis=1) & ~defined.all(axis=1)):
+        out[k] = _mean_defined(values[k])
+    return out
+
+
 def per_category_ap(acc: Accumulated) -> np.ndarray:
-    """float64 [K, 6]: AP, AP50, AP75, APs, APm, APl of each category at the largest max_dets (-1 = undefined)."""
-    rows = []
-    for k in range(acc.precision.shape[2]):
-        single = Accumulated(acc.precision[:, :, k:k + 1], acc.recall[:, k:k + 1])
-        rows.append([
-            summary_value(single, "ap"),
-            summary_value(single, "ap", iou=0.5),
-            summary_value(single, "ap", iou=0.75),
-            *(summary_value(single, "ap", area=a) for a in ("small", "medium", "large")),
-        ])
-    return np.array(rows, np.float64).reshape(-1, 6)
+    """float64 [K, 6]: AP, AP50, AP75, APs, APm, APl of each category at the largest max_dets (-1 = undefined).
+
+    Each number is :func:`summary_value` of the category alone, computed for all categories at once.
+    """
+    precision = np.moveaxis(acc.precision[..., -1], 2, 0)  # [K, T, R, A]
+    n_cat = precision.shape[0]
+    columns = [precision[:, :, :, 0].reshape(n_cat, -1)]
+    for iou in (0.5, 0.75):
+        columns.append(precision[:, np.where(iou == IOU_THRESHOLDS)[0], :, 0].reshape(n_cat, -1))
+    columns += [precision[:, :, :, AREA_LABELS.index(a)].reshape(n_cat, -1) for a in ("small", "medium", "large")]
+    return np.stack([_row_means(values) for values in columns], axis=1).reshape(-1, 6)
 
 
 PER_CATEGORY_COLUMNS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
 __all__ = ["IOU_THRESHOLDS", "RECALL_THRESHOLDS", "AREA_RANGES", "AREA_LABELS", "COCO_SUMMARY_NAMES",
            "LVIS_SUMMARY_NAMES", "FREQUENCY_GROUPS", "PER_CATEGORY_COLUMNS", "APParams", "COCO_PARAMS",
-           "LVIS_PARAMS", "Block", "BlockMatches", "Accumulated", "out_of_range", "match_blocks", "accumulate",
-           "summary_value", "coco_summary", "lvis_summary", "per_category_ap"]
+           "LVIS_PARAMS", "Blocks", "Matches", "Accumulated", "out_of_range", "match_blocks", "accumulate",
+           "summary_value", "coco_summary", "lvis_summary", "per_category_ap", "piece_starts", "piece_positions"]

@@ -38,7 +38,7 @@ from jaxseg_robust.ops.morphology import WORD_BITS, count_packed, erode_square_p
 
 
 class PairCounts(NamedTuple):
-    """Counts of one chunk (int32; host or device arrays).
+    """Counts of one chunk (integers: int32 from the device, int64 from the run-length path; host or device arrays).
 
     Attributes:
       area: [N] pixels of each mask.
