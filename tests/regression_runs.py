@@ -35,11 +35,13 @@ RUNS = (
 )
 DEFAULT_RUNS = ("tetris", "breps", "grid_click", "rclicks")
 
-# Integers, booleans and strings compare exactly. Floats: IoU/BIoU (and their means/AuCs) are ratios of
-# pixel counts, so one changed pixel moves them by >= 1 / (H W) (>= 5e-4 on a 40 x 48 image): 1e-6
-# absolute means "the same masks" while allowing float32 rounding of the division. Continuous values
-# (losses, learning rates, optimised click and box coordinates, CIoU) are compared relatively at 1e-5,
-# which allows float32 reassociation inside XLA's fused kernels and nothing else.
+# Integers, booleans and strings compare exactly (clicks of the clicker, boxes of integers, flags,
+# steps; masks are PNG pixel values). Floats under a key that names an IoU (iou, biou, selection_iou,
+# auc_iou, mean_iou, iou_reference, ...; `is_iou_like`) are ratios of pixel counts, so one changed
+# pixel moves them by >= 1 / (H W) (>= 5e-4 on a 40 x 48 image): 1e-6 absolute means "the same masks"
+# while allowing float32 rounding of the division. Other floats (losses, learning rates, optimised
+# click and box coordinates, CIoU, corner heat maps) are compared relatively at 1e-5 (with the 1e-6
+# absolute floor), which allows float32 reassociation inside XLA's fused kernels and nothing else.
 ABS_TOL = 1e-6
 REL_TOL = 1e-5
 
@@ -124,6 +126,12 @@ def golden_path(variant: str) -> pathlib.Path:
     return GOLDEN_DIR / f"records_{variant}.json"
 
 
+def is_iou_like(where: str) -> bool:
+    """Whether the value at ``where`` (a "/key/key[i]" path) is an IoU-like ratio (its key names an IoU)."""
+    keys = [part.split("[")[0] for part in where.split("/") if part]
+    return bool(keys) and "iou" in keys[-1].lower()
+
+
 def compare(actual, expected, where: str = "") -> list[str]:
     """Differences between two collected trees (see the tolerances above); empty when equal."""
     if isinstance(expected, dict):
@@ -137,7 +145,7 @@ def compare(actual, expected, where: str = "") -> list[str]:
         return [d for i, (a, e) in enumerate(zip(actual, expected)) for d in compare(a, e, f"{where}[{i}]")]
     if isinstance(expected, float) or (isinstance(expected, int) and isinstance(actual, float)):
         a, e = float(actual), float(expected)
-        if abs(a - e) <= max(ABS_TOL, REL_TOL * abs(e)):
+        if abs(a - e) <= (ABS_TOL if is_iou_like(where) else max(ABS_TOL, REL_TOL * abs(e))):
             return []
         return [f"{where}: {a!r} != {e!r}"]
     if actual != expected or type(actual) is not type(expected):

@@ -23,7 +23,9 @@ def _fail_if_called(*args, **kwargs):
 
 
 def _one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
+    """The one message line of ``err`` besides the documented start-up lines (``loading ...``, ``compiling ...``)."""
+    lines = [line for line in err.splitlines()
+             if line.strip() and not line.startswith(("loading ", "compiling "))]
     assert len(lines) == 1, err
     assert "Traceback" not in err
     return lines[0]

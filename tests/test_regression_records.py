@@ -61,5 +61,7 @@ def test_compare_reports_changed_numbers_and_structure():
     assert R.compare({"a": {"iou": 0.5, "n": 3, "clicks": [[1, 2]], "s": 0.1}}, golden)
     assert R.compare({"a": {"iou": 0.5, "n": 3, "clicks": [[1, 2]]}}, golden)
     assert R.compare({"a": {"iou": 0.5 + 4e-7, "n": 3, "clicks": [[1, 2]], "s": "nan"}}, golden) == []
-    assert R.compare({"a": {"iou": 100.0 * (1 + 5e-6), "n": 3, "clicks": [[1, 2]], "s": "nan"}},
-                     {"a": {"iou": 100.0, "n": 3, "clicks": [[1, 2]], "s": "nan"}}) == []
+    # continuous values (not IoU-like) compare relatively
+    assert R.compare({"a": {"loss": 100.0 * (1 + 5e-6)}}, {"a": {"loss": 100.0}}) == []
+    assert R.compare({"a": {"loss": 100.0 * (1 + 5e-5)}}, {"a": {"loss": 100.0}})
+    assert R.is_iou_like("/tetris/records/toy/a0/payload/min/selection_iou[2]")
