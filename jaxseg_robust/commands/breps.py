@@ -87,7 +87,7 @@ def register(subparsers) -> None:
                           lr_scale="sqrt(H^2 + W^2) / (1024 sqrt 2)")
     add_flag(group, "--lambda-mult", type=finite_float, default=0.1,
              help="weight of the Gamma realism term over CIoU (default %(default)s)")
-    group.add_argument("--thresh", type=finite_float, default=None,
+    group.add_argument("--thresh", "--thr", dest="thresh", type=finite_float, default=None,
                        help="probability threshold of the attack's masks (default: the model family's, 0.5 for SAM)")
     add_flag(group, "--clip-and-order", action="store_true",
              help="the paper's variant: order and clip the box to the image after every update "

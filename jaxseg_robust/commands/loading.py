@@ -82,7 +82,7 @@ def load_model(name_or_dir: str, *, random_seed: int | None = None, compute_dtyp
         raise
     except (ValueError, FileNotFoundError, OSError) as error:
         raise CommandError(f"--model {name_or_dir}: {error}") from None
-    except Exception as error:  # noqa: BLE001 - e.g. jaxseg_robust.models.store.StoreError on a damaged directory
+    except (KeyError, TypeError) as error:  # a config.json that does not describe its family
         raise CommandError(f"--model {name_or_dir}: {type(error).__name__}: {error}") from None
 
 

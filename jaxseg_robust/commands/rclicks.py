@@ -92,7 +92,7 @@ def _load_click_model(args):
         return load_click_model(args.clickability, random_seed=args.clickability_random_weights)
     except (ValueError, FileNotFoundError, OSError) as error:
         raise CommandError(f"--clickability {args.clickability}: {error}") from None
-    except Exception as error:  # noqa: BLE001 - e.g. jaxseg_robust.models.store.StoreError on a damaged directory
+    except (KeyError, TypeError) as error:  # a config.json that does not describe its family
         raise CommandError(f"--clickability {args.clickability}: {type(error).__name__}: {error}") from None
 
 
