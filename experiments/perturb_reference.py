@@ -42,7 +42,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from jaxseg_robust.attacks.perturb import alma_prox, dag, pdpgd  # noqa: E402
 from jaxseg_robust.attacks.perturb.common import MIN_NORM, attack_targets, image_confusions  # noqa: E402
-from jaxseg_robust.attacks.perturb.ensemble import dataset_metrics  # noqa: E402
+from jaxseg_robust.reports.perturb_scores import dataset_metrics  # noqa: E402
 from jaxseg_robust.models import dense  # noqa: E402
 
 MODELS = ("u2netp", "deeplabv3")

@@ -14,38 +14,18 @@ Exit codes (every command):
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import os
 import signal
 import sys
 import traceback
 
-EXIT_OK = 0
-EXIT_PARTIAL = 1
-EXIT_FAILURE = 2
-EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
+from jaxseg_robust.commands import COMMAND_MODULES, build_parser
+from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
+
+__all__ = ["COMMAND_MODULES", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PARTIAL", "TRACEBACK_ENV_VAR",
+           "build_parser", "main"]
+
 TRACEBACK_ENV_VAR = "JAXSEG_ROBUST_TRACEBACK"
-
-# Sub-command modules under jaxseg_robust.commands, in the order --help lists them.
-COMMAND_MODULES = ("score", "breps", "tetris", "grid", "rclicks", "perturb", "report", "demo", "coco_eval",
-                   "panoptic_eval")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Returns the top-level parser with every sub-command registered."""
-    parser = argparse.ArgumentParser(
-        prog="jaxseg-robust",
-        description="Measure how robust segmentation models are to their inputs.",
-    )
-    from jaxseg_robust import __version__  # noqa: PLC0415
-
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"jaxseg_robust.commands.{name}").register(subparsers)
-    return parser
-
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt

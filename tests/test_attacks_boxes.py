@@ -12,18 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxseg_robust.attacks.boxes import (
-    BrepsConfig,
-    resized_frame_transform,
-    breps_attack,
-    breps_learning_rate,
+from jaxseg_robust.attacks.boxes import BrepsConfig, breps_attack, breps_learning_rate
+from jaxseg_robust.attacks.fixed_boxes import (
     evaluate_image_boxes,
     make_box_batch_fn,
     resized_mask,
     resized_reference_gt,
     tight_box_host,
 )
-from jaxseg_robust.attacks.scoring import boundary_widths, box_attack_scores
+from jaxseg_robust.attacks.scoring import box_attack_scores
+from jaxseg_robust.metrics.masks import boundary_widths
+from jaxseg_robust.models.sam.segmenter import resized_frame_transform
 from jaxseg_robust.data.buckets import FixedFrame, pad_batch
 from jaxseg_robust.data.instances import make_instance
 from jaxseg_robust.metrics.masks import boundary_iou, boundary_width, mask_iou

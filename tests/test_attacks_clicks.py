@@ -28,10 +28,9 @@ from jaxseg_robust.attacks.clicks import (
     location_loss,
     make_click_batch_fn,
     tetris_learning_rate,
-    tetris_scores,
-    trajectory_scores,
 )
-from jaxseg_robust.attacks.scoring import boundary_widths
+from jaxseg_robust.reports.tetris_scores import tetris_scores, trajectory_scores
+from jaxseg_robust.metrics.masks import boundary_widths
 from jaxseg_robust.data.buckets import FixedFrame, pad_batch
 from jaxseg_robust.data.instances import make_instance
 from jaxseg_robust.metrics.masks import boundary_iou, boundary_width, mask_iou

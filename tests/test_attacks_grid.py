@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxseg_robust.attacks.boxes import tight_box_host
+from jaxseg_robust.attacks.fixed_boxes import tight_box_host
 from jaxseg_robust.attacks.grid import (
     BoxGridConfig,
     ClickGridConfig,

@@ -23,8 +23,9 @@ def _fail_if_called(*args, **kwargs):
 
 
 def _one_line(err: str) -> str:
-    """The one line a stopped command printed, besides its start-up lines ("loading MODEL ...")."""
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("loading ")]
+    """The one message line of ``err`` besides the documented start-up lines (``loading ...``, ``compiling ...``)."""
+    lines = [line for line in err.splitlines()
+             if line.strip() and not line.startswith(("loading ", "compiling "))]
     assert len(lines) == 1, err
     assert "Traceback" not in err
     return lines[0]

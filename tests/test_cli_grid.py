@@ -221,23 +221,3 @@ def test_help_says_how_to_pick_the_device(capsys):
 def test_startup_lines_on_stderr(click_run):
     *_, stderr = click_run
     assert "loading sam_tiny ..." in stderr and "compiling the click grid program for bucket 64x64" in stderr
-
-
-def test_announced_batch_function_says_once_per_bucket(capsys):
-    import types
-
-    from jaxseg_robust.commands.prompt_common import AnnouncedBatchFunction
-
-    calls = []
-
-    def batch_fn(batch):
-        calls.append(batch.gt.shape)
-        return {"n": len(calls)}
-
-    batch_fn.traces = 7
-    wrapped = AnnouncedBatchFunction(batch_fn, "P program")
-    for shape in ((2, 8, 8), (2, 8, 8), (2, 16, 8)):
-        assert wrapped(types.SimpleNamespace(gt=np.zeros(shape))) == {"n": len(calls)}
-    err = capsys.readouterr().err
-    assert err.count("compiling the P program") == 2 and "bucket 16x8, batch 2" in err
-    assert len(calls) == 3 and wrapped.traces == 7  # attributes of the wrapped function stay reachable

@@ -34,7 +34,7 @@ def test_perturb_refuses_a_mask_rule_no_dataset_uses(tmp_path, capsys):
             str(tmp_path), "--mask-rule", ">0", "--attacks", "padam", "--out", str(tmp_path / "run"),
             "--progress", "none"]
     code, _, err = run_cli(argv, capsys)
-    assert code == cli.EXIT_FAILURE and "--mask-rule applies to plain image/mask folders" in err
+    assert code == cli.EXIT_FAILURE and "--mask-rule applies to --folder masks (plain image/mask folders)" in err
 
 
 def test_zero_one_label_masks_run_and_a_noise_mask_is_named(tmp_path, capsys):

@@ -26,6 +26,7 @@ from jaxseg_robust.reports import perturb as report
 from jaxseg_robust.runner.records import read_run_records
 from jaxseg_robust.models import store
 
+from cli_helpers import assert_argparse_rejects
 from dense_configs import TINY_DEEPLAB, TINY_U2NET
 
 HEIGHT, WIDTH = 14, 18
@@ -152,7 +153,6 @@ def test_max_side_is_the_shared_size_guard_and_the_record_says_so(tiny_model, tm
     (["--attacks", "fgsm"], "unknown attack"),
     (["--eps", "8/0"], "--eps"),
     (["--eps", "2"], "--eps"),
-    (["--padam-steps", "0"], "--padam-steps"),
     (["--sea-iterations", "3"], "--sea-iterations"),
 ])
 def test_bad_arguments_exit_2_with_a_message(first_run, tmp_path, capsys, extra, message):
@@ -162,6 +162,23 @@ def test_bad_arguments_exit_2_with_a_message(first_run, tmp_path, capsys, extra,
     code = main(["perturb", "--model", model, "--datasets", str(data), "--out", str(tmp_path / "r"), *extra])
     assert code == EXIT_FAILURE
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--padam-steps", "0"], "expected a positive integer, got 0"),
+    (["--limit", "-1"], "expected a positive integer"),
+    (["--examples", "-1"], "expected a non-negative integer"),
+])
+def test_the_shared_argparse_types_refuse_bad_counts(tmp_path, capsys, extra, message):
+    assert_argparse_rejects("perturb", extra, tmp_path, capsys, message)
+
+
+def test_old_flag_spellings_are_aliases(tmp_path, capsys):
+    from jaxseg_robust.commands import build_parser  # noqa: PLC0415
+
+    args = build_parser().parse_args(["perturb", "--model", "m", "--random-init", "--datasets", "d", "--out", "o",
+                                      "--max_side", "9", "--batch_size", "2"])
+    assert (args.random_weights, args.max_side, args.batch_size) == (0, 9, 2)
 
 
 def test_missing_model_or_multiclass_gt_is_refused(tmp_path, capsys, first_run):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxseg_robust import cli
-from jaxseg_robust.attacks.clicks import trajectory_scores
+from jaxseg_robust.reports.tetris_scores import trajectory_scores
 from jaxseg_robust.reports.tetris import tetris_table, to_csv, to_markdown
 from jaxseg_robust.runner.records import latest_records, read_run_records
 

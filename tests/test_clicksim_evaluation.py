@@ -28,18 +28,20 @@ FRAME = (36, 44)
 # ---- a replayable toy segmenter -----------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class _LowRes:
-    low_res_size: int = 8
-
-
-@dataclasses.dataclass(frozen=True)
 class DiskSegmenter:
     """Prediction = union of radius-5 disks at positive clicks minus radius-3 disks at negative ones.
 
-    Ignores features and the previous mask; replayable in numpy (`disk_prediction`).
+    Ignores features and the previous mask; replayable in numpy (`disk_prediction`). Its feedback map
+    (the Segmenter contract) is an 8 x 8 map of the selected candidate.
     """
 
-    config: _LowRes = _LowRes()
+    probability_threshold = 0.5
+
+    def feedback_shape(self, frame_hw):
+        return (8, 8)
+
+    def feedback(self, prediction):
+        return prediction.selected_low_res
 
     def decode(self, params, features, prompts, transform, *, multimask_output=True):
         frame_h, frame_w = transform.frame_hw
@@ -293,6 +295,6 @@ def test_batch_fn_argument_errors(sam_run):
                                 config=dataclasses.replace(SAM_CONFIG, user_slots=8))
     with pytest.raises(ValueError, match=r"\[n, 2\]"):
         E.make_rclicks_batch_fn(seg, params, DistanceTransformClickModel(), user_clicks={("a", "b"): np.zeros(3)})
-    with pytest.raises(ValueError, match="low_res_size"):
+    with pytest.raises(ValueError, match="lacks preprocess, embed, decode, feedback_shape"):
         E.make_rclicks_batch_fn(object(), params, DistanceTransformClickModel())
     assert instance_seed(("toy", "im0")) != instance_seed(("toy", "im2"))

@@ -12,7 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 from jaxseg_robust.clicksim import error_region as R
 from jaxseg_robust.clicksim import groups as G
-from jaxseg_robust.clicksim import sampling as S
+from jaxseg_robust.ops import sampling as S
 
 # Spec §5.2 golden: band rule on a toy value vector (total 58).
 TOY_VALUES = np.array([0, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7, 8, 9, 10], np.float32)

@@ -13,7 +13,7 @@ from jaxseg_robust.attacks.perturb import attack_targets, padam
 from jaxseg_robust.attacks.perturb.common import MAX_DAMAGE, uniform_start
 from jaxseg_robust.models import zoo
 from jaxseg_robust.models.dense.base import DenseModel
-from jaxseg_robust.models.dense.prompted import (PromptedSegmenter, box_prompts, stack_prompts,
+from jaxseg_robust.models.dense.prompted import (PromptedSegmenter, tight_box_prompts, stack_prompts,
                                                  with_prompts)
 from jaxseg_robust.prompts.types import make_prompts
 
@@ -52,7 +52,7 @@ def test_is_a_hashable_dense_model(tiny):
 def test_matches_preprocess_embed_decode_of_the_segmenter(tiny, multimask):
     segmenter, params = tiny
     images, gt = _scene(0)
-    prompts = box_prompts(gt, segmenter.config.low_res_size)
+    prompts = tight_box_prompts(gt, segmenter.config.low_res_size)
     model = PromptedSegmenter(segmenter, multimask_output=multimask)
     ours = np.asarray(MASK_LOGITS(model, with_prompts(params, prompts), jnp.asarray(images, jnp.float32) / 255.0))
     assert ours.shape == gt.shape
@@ -70,7 +70,7 @@ def test_perturbation_attack_gets_gradients_and_stays_feasible(tiny):
     segmenter, params = tiny
     images, gt = _scene(2)
     model = PromptedSegmenter(segmenter)
-    prompted = with_prompts(params, box_prompts(gt, model.low_res_size))
+    prompted = with_prompts(params, tight_box_prompts(gt, model.low_res_size))
     x = jnp.asarray(images, jnp.float32) / 255.0
     y, m = attack_targets(jnp.asarray(gt), jnp.asarray(gt) >= 0, num_classes=2, family=MAX_DAMAGE)
     keys = jax.random.split(jax.random.key(0), 2)
@@ -90,19 +90,19 @@ def test_sam_hq_works_too():
     params = segmenter.init(jax.random.key(1))
     images, gt = _scene(3, batch=1)
     model = PromptedSegmenter(segmenter)
-    logits = APPLY(model, with_prompts(params, box_prompts(gt, model.low_res_size)),
+    logits = APPLY(model, with_prompts(params, tight_box_prompts(gt, model.low_res_size)),
                    jnp.asarray(images, jnp.float32) / 255.0)
     assert logits.shape == (1, *gt.shape[1:], 2) and np.isfinite(np.asarray(logits)).all()
 
 
 @settings(max_examples=15)
 @given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.integers(1, 4), st.booleans())
-def test_box_prompts_are_inclusive_tight_boxes_of_the_object(seed, height, width, empty):
+def test_tight_box_prompts_are_inclusive_tight_boxes_of_the_object(seed, height, width, empty):
     rng = np.random.default_rng(seed)
     gt = rng.integers(-1, 2, (2, height, width)).astype(np.int8)
     if empty:
         gt[0] = np.minimum(gt[0], 0)
-    prompts = box_prompts(gt, 8)
+    prompts = tight_box_prompts(gt, 8)
     assert prompts.box.shape == (2, 4) and bool(jnp.all(prompts.has_box))
     assert prompts.mask_logits.shape == (2, 8, 8) and not bool(jnp.any(prompts.has_mask))
     assert np.all(np.asarray(prompts.labels) == -1)
@@ -123,7 +123,7 @@ def test_bad_inputs_name_the_argument(tiny):
     with pytest.raises(ValueError, match="images"):
         model.apply(with_prompts(params, one), jnp.zeros((1, 8, 8)))
     with pytest.raises(ValueError, match="gt"):
-        box_prompts(np.zeros((4, 4)), 32)
+        tight_box_prompts(np.zeros((4, 4)), 32)
     with pytest.raises(ValueError, match="prompt_sets"):
         stack_prompts([])
 

@@ -14,14 +14,13 @@ import perturb_toy as toy
 from jaxseg_robust.attacks.perturb import (
     CANDIDATE_ORDER,
     BatteryConfig,
-    aggregate,
-    battery_table,
     build_battery,
     instance_keys,
     per_image_scores,
     run_battery,
     select_worst,
 )
+from jaxseg_robust.reports.perturb_scores import aggregate, battery_table
 
 SCORES = hnp.arrays(np.float32, st.tuples(st.integers(1, 6), st.integers(1, 8)),
                     elements=st.sampled_from([np.nan, 0.0, 0.25, 0.5, 0.75, 1.0]))

@@ -170,7 +170,7 @@ def run(args) -> list[str]:
     import torch  # noqa: PLC0415
 
     from jaxseg_robust.attacks.boxes import BrepsConfig, breps_attack, breps_attack_min_max  # noqa: PLC0415
-    from jaxseg_robust.attacks.scoring import boundary_widths  # noqa: PLC0415
+    from jaxseg_robust.metrics.masks import boundary_widths  # noqa: PLC0415
     from jaxseg_robust.models import zoo  # noqa: PLC0415
 
     spec = bench_sam.BENCH_MODELS["sam_vit_b"]

@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     import torch  # noqa: PLC0415
     from segment_anything import sam_model_registry  # noqa: PLC0415
 
-    from jaxseg_robust.attacks.scoring import boundary_widths  # noqa: PLC0415
+    from jaxseg_robust.metrics.masks import boundary_widths  # noqa: PLC0415
     from jaxseg_robust.attacks.clicks import (  # noqa: PLC0415
         TetrisConfig,
         make_click_batch_fn,

@@ -1,6 +1,6 @@
 """Loss terms shared by the prompt attacks (TETRIS clicks, BREPS boxes).
 
-Spec: docs/protocols/tetris.md §3.3 (Dice), §3.2 (interaction-location
+Reference: docs/protocols/tetris.md §3.3 (Dice), §3.2 (interaction-location
 loss, in `jaxseg_robust.attacks.clicks`), §4.3-4.4 (realism term, in
 `jaxseg_robust.ops.boxes`).
 """

@@ -57,7 +57,7 @@ from jaxseg_robust.clicksim.groups import (
     sample_group_clicks,
 )
 from jaxseg_robust.clicksim.previous_mask import previous_mask_path, read_previous_mask
-from jaxseg_robust.clicksim.sampling import flat_to_xy, image_key, sample_flat_indices, sample_pixels
+from jaxseg_robust.ops.sampling import flat_to_xy, image_key, sample_flat_indices, sample_pixels
 
 __all__ = [
     "CLICK_TYPES", "DEFAULT_SIGMA", "REFERENCE_DIAGONAL", "click_density", "click_type_code",

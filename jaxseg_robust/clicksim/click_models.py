@@ -71,7 +71,7 @@ __all__ = [
 
 BASELINE_NAMES = ("dt", "ud")
 ZOO_NAME = "rclicks_clickability"
-BENCHMARK_MINMAX_EPS = 1e-8  # SegNeXtSaliencyApply.apply (spec §3.6, second wrapper)
+BENCHMARK_MINMAX_EPS = 1e-8  # SegNeXtSaliencyApply.apply (§3.6, second wrapper)
 
 
 class ClickModel(Protocol):

@@ -16,7 +16,7 @@ Modes, all computed for every instance in one compiled call:
     the instance has real first-round clicks, each evaluated alone.
 
 One round of a trajectory (§5.2; state: prediction ``pred`` (empty before round
-1), ``not_clicked``, the clicks so far, the previous low-res logits)::
+1), ``not_clicked``, the clicks so far, the model's feedback map)::
 
     FN = gt & ~pred & V,  FP = ~gt & pred & V
     positive iff max EDT(pad(FN)) > max EDT(pad(FP))   (both times not_clicked; strict)
@@ -25,21 +25,22 @@ One round of a trajectory (§5.2; state: prediction ``pred`` (empty before round
     Group:  M = click_model(I, gt, R) * R * not_clicked; band of M's mass [q_lo, q_hi]
             (inclusive thresholds, `groups.band_thresholds`); click ~ M inside the band
             (weighted, not uniform); empty band -> the Base click
-    decode(all clicks so far, previous low-res logits) -> pred = sigmoid(logits) > thr; IoU
+    decode(all clicks so far, the feedback map) -> pred = sigmoid(logits) > thr; IoU
 
 Here ``gt`` is the object (``gt == 1``) and ``V`` the non-ignore pixels of the
 image (GrabCut/Berkeley ignore band and the frame padding excluded); the IoU of
 a round is ``|gt & pred & V| / |(gt | pred) & V|`` (RITM ``get_iou``). Every
 20-round run has exactly ``num_rounds`` IoUs (no early stop, ``--iou-analysis``).
 
-SAM-family feedback (§5.4): ``multimask_output=True`` every round, the
-candidate with the highest predicted IoU is taken, and its low-res logits are
-the next round's ``mask_input`` -- except that the reference resets the
+Model feedback (§5.4): ``multimask_output=True`` every round (the model's
+own selection; SAM: the highest predicted IoU), and the model's feedback map
+of the prediction (``Segmenter.feedback``; SAM: the selected low-res logits)
+is the next round's mask input -- except that the reference resets the
 feedback whenever its padded point tensor has exactly two slots, i.e. at round
 1 **and at round 2 when the second click is negative** (``mask_feedback=
 "reference"``, default; ``"always"`` feeds back from round 2 on, ``"never"``
 never). Clicks ``(row, col)`` become points ``(x, y) = (col, row)`` in image
-pixels (the model adds its own +0.5 and resize scale); unused slots are
+pixels (the model adds its own offset and resize scale); unused slots are
 padding (label -1, masked inside the model).
 
 Randomness (§5.3): the reference re-seeds numpy with 42 at the start of every
@@ -51,12 +52,11 @@ result does not depend on the batch, slot, device or resume; group ``g`` uses
 SamplingUsersCount draws use ``fold_in(key, SAMPLE_USERS_STREAM)``.
 Compare with the reference statistically, not draw by draw.
 
-Batch function (`make_rclicks_batch_fn`) for `jaxseg_robust.runner.engine.run`:
-``PaddedBatch -> dict of arrays [B, ...]``; each slot's image is cropped to its
-size on the host, preprocessed by the segmenter (``frame_hw`` = the bucket
-frame) and by the click model, and the batch is embedded once and simulated
-inside one ``jit`` (``lax.scan`` over rounds, ``vmap`` over groups and
-instances). ``.traces`` counts the traces of the jitted core (one per bucket).
+`RClicksProtocol` is the per-instance function of
+`jaxseg_robust.runner.program.BatchProgram` (host inputs: the click model's
+prepared inputs and the real first-round clicks; device: embed once, ``lax.scan``
+over rounds, ``vmap`` over groups and instances); `make_rclicks_batch_fn`
+builds the batch function for `jaxseg_robust.runner.engine.run`.
 """
 
 from __future__ import annotations
@@ -66,21 +66,21 @@ import functools
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxseg_robust.attacks.batching import low_res_shape, place_like
-from jaxseg_robust.attacks.scoring import image_region
 from jaxseg_robust.clicksim.error_region import choose_error_region
 from jaxseg_robust.clicksim.groups import first_argmax_xy, group_bounds, masked_clickability, sample_group_click
-from jaxseg_robust.clicksim.sampling import sample_pixels
 from jaxseg_robust.data.buckets import instance_seed
 from jaxseg_robust.metrics.masks import mask_iou
-from jaxseg_robust.models.base import Transform
+from jaxseg_robust.models.base import Transform, image_region
+from jaxseg_robust.ops.sampling import sample_pixels
 from jaxseg_robust.prompts.clicker import mark_clicked
-from jaxseg_robust.prompts.types import NEGATIVE_LABEL, PADDING_LABEL, POSITIVE_LABEL, Prompts
+from jaxseg_robust.prompts.types import NEGATIVE_LABEL, PADDING_LABEL, POSITIVE_LABEL, click_prompts
+from jaxseg_robust.runner.program import BatchProgram, InstanceInputs
 
 __all__ = [
     "DEFAULT_NUM_ROUNDS",
@@ -99,7 +99,8 @@ __all__ = [
     "evaluate_single_clicks",
     "sample_first_round_clicks",
     "simulate_instance",
-    "RClicksBatchFunction",
+    "RoundState",
+    "RClicksProtocol",
     "make_rclicks_batch_fn",
     "user_slot_count",
     "finalize_record",
@@ -155,6 +156,24 @@ class RClicksConfig:
     def to_dict(self) -> dict:
         """JSON-able settings (recorded in the run manifest)."""
         return dataclasses.asdict(self)
+
+
+@flax.struct.dataclass
+class RoundState:
+    """What a trajectory carries from one round to the next.
+
+    Attributes:
+      pred: bool[Hf, Wf] the previous round's prediction (empty before round 1).
+      not_clicked: bool[Hf, Wf] pixels not clicked yet.
+      points: f32[R, 2] clicks so far (x, y); labels: i32[R] (-1 = not yet).
+      feedback: the model's feedback map of the previous prediction (``Segmenter.feedback``).
+    """
+
+    pred: jax.Array
+    not_clicked: jax.Array
+    points: jax.Array
+    labels: jax.Array
+    feedback: jax.Array
 
 
 class Trajectory(NamedTuple):
@@ -216,9 +235,10 @@ def _object_and_valid(gt: jax.Array, transform: Transform) -> tuple[jax.Array, j
 
 
 def _predict(segmenter, params, features, transform, prompts, threshold, multimask_output, inside):
+    """(``sigmoid(logits) > threshold`` within the image, the model's feedback map of the prediction)."""
     prediction = segmenter.decode(params, features, prompts, transform, multimask_output=multimask_output)
     pred = (jax.nn.sigmoid(prediction.logits) > threshold) & inside
-    return pred, prediction.selected_low_res
+    return pred, segmenter.feedback(prediction)
 
 
 def simulate_trajectory(segmenter, params, features, transform: Transform, gt, click_model, click_params,
@@ -245,13 +265,15 @@ def simulate_trajectory(segmenter, params, features, transform: Transform, gt, c
     """
     obj, valid, inside = _object_and_valid(gt, transform)
     rounds = config.num_rounds
-    low_res = jnp.zeros(low_res_shape(segmenter), jnp.float32)
-    state = (jnp.zeros_like(obj), jnp.ones_like(obj), jnp.zeros((rounds, 2), jnp.float32),
-             jnp.full((rounds,), PADDING_LABEL, jnp.int32), low_res)
+    feedback = jnp.zeros(segmenter.feedback_shape(tuple(obj.shape)), jnp.float32)
+    state = RoundState(pred=jnp.zeros_like(obj), not_clicked=jnp.ones_like(obj),
+                       points=jnp.zeros((rounds, 2), jnp.float32), labels=jnp.full((rounds,), PADDING_LABEL, jnp.int32),
+                       feedback=feedback)
     is_base = jnp.asarray(is_base, bool)
 
-    def one_round(carry, round_index):
-        pred, not_clicked, points, labels, previous = carry
+    def one_round(carry: RoundState, round_index):
+        pred, not_clicked, points, labels, previous = (carry.pred, carry.not_clicked, carry.points, carry.labels,
+                                                       carry.feedback)
         error = choose_error_region(obj, pred, valid, not_clicked)
         clickability = click_model.clickability(click_params, prepared, error.region, inside)
         masked = masked_clickability(clickability, error.region, not_clicked)
@@ -262,14 +284,14 @@ def simulate_trajectory(segmenter, params, features, transform: Transform, gt, c
         points = points.at[round_index].set(xy.astype(jnp.float32))
         labels = labels.at[round_index].set(label)
         not_clicked = mark_clicked(not_clicked, xy[1], xy[0])
-        prompts = Prompts(points=points, labels=labels, box=jnp.zeros((4,), jnp.float32),
-                          has_box=jnp.zeros((), bool), mask_logits=previous,
-                          has_mask=feedback_enabled(config.mask_feedback, round_index, error.is_positive))
+        prompts = click_prompts(points, labels, previous,
+                                feedback_enabled(config.mask_feedback, round_index, error.is_positive))
         pred, previous = _predict(segmenter, params, features, transform, prompts, config.threshold,
                                   config.multimask_output, inside)
         iou = mask_iou(obj, pred, valid)
         clicks = jnp.concatenate([xy, error.is_positive.astype(jnp.int32)[None]]).astype(jnp.int32)
-        return (pred, not_clicked, points, labels, previous), Trajectory(iou, clicks, used_fallback)
+        new = RoundState(pred=pred, not_clicked=not_clicked, points=points, labels=labels, feedback=previous)
+        return new, Trajectory(iou, clicks, used_fallback)
 
     _, trajectory = lax.scan(one_round, state, jnp.arange(rounds))
     return trajectory
@@ -323,12 +345,11 @@ def evaluate_single_clicks(segmenter, params, features, transform: Transform, gt
       f32[U] IoU per click (no previous mask; the prediction thresholded at ``config.threshold``).
     """
     obj, valid, inside = _object_and_valid(gt, transform)
-    low_res = jnp.zeros(low_res_shape(segmenter), jnp.float32)
+    feedback = jnp.zeros(segmenter.feedback_shape(tuple(obj.shape)), jnp.float32)
 
     def one(point):
-        prompts = Prompts(points=point.astype(jnp.float32)[None], labels=jnp.full((1,), POSITIVE_LABEL, jnp.int32),
-                          box=jnp.zeros((4,), jnp.float32), has_box=jnp.zeros((), bool), mask_logits=low_res,
-                          has_mask=jnp.zeros((), bool))
+        prompts = click_prompts(point.astype(jnp.float32)[None], jnp.full((1,), POSITIVE_LABEL, jnp.int32),
+                                feedback, jnp.zeros((), bool))
         pred, _ = _predict(segmenter, params, features, transform, prompts, config.threshold,
                            config.multimask_output, inside)
         return mask_iou(obj, pred, valid)
@@ -399,82 +420,29 @@ def user_slot_count(counts, multiple: int = _USER_SLOT_MULTIPLE) -> int:
     return -(-largest // multiple) * multiple
 
 
-def _stack(trees):
-    return jax.tree.map(lambda *leaves: np.stack([np.asarray(leaf) for leaf in leaves]), *trees)
-
-
-class _SimulationProgram:
-    """The jitted core of one (segmenter, click model, config): embed, simulate every mode.
-
-    Shared by every batch function with equal static settings (`_simulation_program`),
-    so a process compiles it once per bucket shape and placement.
-    """
-
-    def __init__(self, segmenter, click_model, config: RClicksConfig):
-        self.segmenter = segmenter
-        self.click_model = click_model
-        self.config = config
-        self.traces = 0
-        self.jitted = jax.jit(self._simulate)
-
-    def _simulate(self, params, click_params, model_input, transform, gt, prepared, seeds, user_points):
-        self.traces += 1  # runs once per trace
-        config = self.config
-        features = self.segmenter.embed(params, model_input)
-        keys = jax.vmap(lambda s: instance_key(config.seed, s))(seeds)
-
-        def one(f, t, g, p, k, u):
-            return simulate_instance(self.segmenter, params, f, t, g, self.click_model, click_params, p, k,
-                                     u if config.user_slots else None, config=config)
-
-        result = jax.vmap(one)(features, transform, gt, prepared, keys, user_points)
-        outputs = {}
-        if config.run_base:
-            outputs.update(base_iou=result.base.iou, base_clicks=result.base.clicks)
-        if config.num_groups:
-            outputs.update(group_iou=result.groups.iou, group_clicks=result.groups.clicks,
-                           group_fallback=result.groups.used_fallback)
-        if config.user_slots:
-            outputs.update(user_iou=result.user_iou, sample_iou=result.sample_iou,
-                           sample_clicks=result.sample_clicks)
-        return outputs
-
-
-@functools.lru_cache(maxsize=16)
-def _simulation_program(segmenter, click_model, config: RClicksConfig) -> _SimulationProgram:
-    return _SimulationProgram(segmenter, click_model, config)
-
-
-class RClicksBatchFunction:
-    """``PaddedBatch -> dict[str, arrays [B, ...]]`` running every enabled mode (see `make_rclicks_batch_fn`).
+@dataclasses.dataclass(frozen=True)
+class RClicksProtocol:
+    """The RClicks simulation as one per-instance function (`runner.program.BatchProtocol`).
 
     Attributes:
-      config: the settings.
-      traces: how many times the jitted core was traced (one per bucket shape and
-        input placement; the core is shared with other batch functions of the same
-        segmenter, click model and config).
+      config: the `RClicksConfig`.
+      click_model: the `clicksim.click_models` model (static; its parameters are the program's ``aux_params``).
+      user_clicks: {instance seed: int[n, 2] (x, y)} real first-round clicks (data, not part of the
+        program's identity; `make_rclicks_batch_fn`).
     """
 
-    def __init__(self, segmenter, params, click_model, click_params, config: RClicksConfig,
-                 user_clicks: Mapping[int, np.ndarray]):
-        self.segmenter = segmenter
-        self.params = params
-        self.click_model = click_model
-        self.click_params = click_params
-        self.config = config
-        self.user_clicks = dict(user_clicks)
-        self._program = _simulation_program(segmenter, click_model, config)
+    config: RClicksConfig
+    click_model: Any
+    user_clicks: Mapping | None = dataclasses.field(default=None, compare=False, hash=False, repr=False)
 
-    @property
-    def traces(self) -> int:
-        """Traces of the shared jitted core so far."""
-        return self._program.traces
+    name = "RClicks"
+    dilation_ratio = 0.02  # unused: RClicks scores mask IoU only
 
     def _user_slots_of(self, seed: int, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         slots = self.config.user_slots
         points = np.zeros((slots, 2), np.int32)
         valid = np.zeros((slots,), bool)
-        clicks = self.user_clicks.get(int(seed))
+        clicks = (self.user_clicks or {}).get(int(seed))
         if clicks is not None and len(clicks):
             clicks = np.asarray(clicks, np.int64).reshape(-1, 2)
             count = clicks.shape[0]
@@ -483,40 +451,56 @@ class RClicksBatchFunction:
             valid[:count] = True
         return points, valid
 
-    def __call__(self, batch) -> dict:
-        """Runs the simulation on a `PaddedBatch` (host preprocessing, then one jitted call)."""
-        images, gts, sizes = np.asarray(batch.image), np.asarray(batch.gt), np.asarray(batch.size)
-        seeds = np.asarray(batch.seed).astype(np.uint32)
-        if gts.ndim != 3 or images.shape[:3] != gts.shape or sizes.shape != (gts.shape[0], 2):
-            raise ValueError(f"batch must hold image [B, Hf, Wf, 3], gt [B, Hf, Wf], size [B, 2]; got "
-                             f"{images.shape}, {gts.shape}, {sizes.shape}")
-        frame = (int(gts.shape[1]), int(gts.shape[2]))
-        inputs, transforms, prepared, user_points, user_valid = [], [], [], [], []
-        for slot in range(gts.shape[0]):
-            height, width = (int(v) for v in sizes[slot])
-            image = images[slot, :height, :width]
-            model_input, transform = self.segmenter.preprocess(image, frame_hw=frame)
-            inputs.append(np.asarray(model_input))
-            transforms.append(transform)
-            prepared.append(self.click_model.prepare(image, gts[slot, :height, :width] == 1, frame))
-            points, valid = self._user_slots_of(seeds[slot], height, width)
-            user_points.append(points)
-            user_valid.append(valid)
-        transform = jax.tree.map(lambda *leaves: jnp.stack(leaves), *transforms)
-        args = (np.stack(inputs), transform, gts, _stack(prepared), seeds, np.stack(user_points))
-        outputs = dict(self._program.jitted(self.params, self.click_params, *place_like(args, batch.gt)))
-        if self.config.user_slots:
-            outputs["user_valid"] = place_like(np.stack(user_valid), batch.gt)
+    def host_inputs(self, segmenter, slot) -> dict:
+        """The click model's prepared inputs of the slot and its real first-round clicks (padded)."""
+        height, width = slot.gt.shape
+        points, valid = self._user_slots_of(slot.seed, height, width)
+        return {"prepared": self.click_model.prepare(slot.image, slot.gt == 1, slot.frame),
+                "user_points": points, "user_valid": valid}
+
+    def instance(self, segmenter, params, aux_params, inputs: InstanceInputs) -> dict:
+        """Every enabled mode of one instance (layout: `make_rclicks_batch_fn`)."""
+        config = self.config
+        key = instance_key(config.seed, inputs.seed)
+        result = simulate_instance(segmenter, params, inputs.features, inputs.transform, inputs.gt,
+                                   self.click_model, aux_params, inputs.extras["prepared"], key,
+                                   inputs.extras["user_points"] if config.user_slots else None, config=config)
+        outputs = {}
+        if config.run_base:
+            outputs.update(base_iou=result.base.iou, base_clicks=result.base.clicks)
+        if config.num_groups:
+            outputs.update(group_iou=result.groups.iou, group_clicks=result.groups.clicks,
+                           group_fallback=result.groups.used_fallback)
+        if config.user_slots:
+            outputs.update(user_iou=result.user_iou, sample_iou=result.sample_iou, sample_clicks=result.sample_clicks,
+                           user_valid=inputs.extras["user_valid"])
         return outputs
+
+
+def _clicks_by_seed(user_clicks: Mapping) -> dict[int, np.ndarray]:
+    """{instance seed: int64[n, 2]}; ValueError on a bad shape or two instances sharing a seed."""
+    by_seed: dict[int, np.ndarray] = {}
+    owners: dict[int, tuple[str, str]] = {}
+    for key, clicks in user_clicks.items():
+        clicks = np.asarray(clicks)
+        if clicks.ndim != 2 or clicks.shape[1] != 2:
+            raise ValueError(f"user_clicks[{key!r}] must have shape [n, 2] (x, y); got {clicks.shape}")
+        seed = instance_seed(tuple(key))
+        if seed in owners and owners[seed] != tuple(key):
+            raise ValueError(f"user_clicks: instances {owners[seed]!r} and {key!r} share the per-instance seed "
+                             f"{seed}; evaluate them in separate runs")
+        owners[seed] = tuple(key)
+        by_seed[seed] = clicks.astype(np.int64)
+    return by_seed
 
 
 def make_rclicks_batch_fn(segmenter, params, click_model, click_params=None, *,
                           config: RClicksConfig | None = None,
-                          user_clicks: Mapping[tuple[str, str], Any] | None = None) -> RClicksBatchFunction:
+                          user_clicks: Mapping[tuple[str, str], Any] | None = None, announce=None) -> BatchProgram:
     """A batch function for `jaxseg_robust.runner.engine.run` running the RClicks simulation.
 
     Args:
-      segmenter: a promptable Segmenter with ``config.low_res_size`` (the SAM family).
+      segmenter: any Segmenter (its feedback map is fed back between rounds).
       params: its parameters (for several devices: ``replicate(params, mesh)``).
       click_model, click_params: a `clicksim.click_models` model and its variables
         (None for the "dt" / "ud" baselines).
@@ -525,30 +509,20 @@ def make_rclicks_batch_fn(segmenter, params, click_model, click_params=None, *,
         clicks per instance (`clicksim.user_clicks.first_round_clicks`); enables the
         User and SamplingUsersCount modes with ``user_slots`` = the largest n rounded
         up to a multiple of 8 unless ``config.user_slots`` is set (it must then fit).
+      announce: ``text -> None`` told before a bucket's program is compiled.
     Returns:
-      `RClicksBatchFunction`. Outputs (leading axis B): ``base_iou`` f32[R],
-      ``base_clicks`` i32[R, 3]; ``group_iou`` f32[G, R], ``group_clicks`` i32[G, R, 3]
-      (x, y, is_positive), ``group_fallback`` bool[G, R]; with user clicks
-      ``user_iou``, ``sample_iou`` f32[U], ``sample_clicks`` i32[U, 2], ``user_valid`` bool[U].
+      A `runner.program.BatchProgram` (its ``config`` is the final `RClicksConfig`; programs with equal
+      settings share one compile). Outputs (leading axis B): ``base_iou`` f32[R], ``base_clicks`` i32[R, 3];
+      ``group_iou`` f32[G, R], ``group_clicks`` i32[G, R, 3] (x, y, is_positive), ``group_fallback``
+      bool[G, R]; with user clicks ``user_iou``, ``sample_iou`` f32[U], ``sample_clicks`` i32[U, 2],
+      ``user_valid`` bool[U].
     Raises:
       ValueError: bad settings, more clicks than slots, or two instances whose
         per-instance seeds collide (their clicks could not be told apart).
     """
     config = RClicksConfig() if config is None else config
-    low_res_shape(segmenter)
-    by_seed: dict[int, np.ndarray] = {}
-    if user_clicks:
-        owners: dict[int, tuple[str, str]] = {}
-        for key, clicks in user_clicks.items():
-            clicks = np.asarray(clicks)
-            if clicks.ndim != 2 or clicks.shape[1] != 2:
-                raise ValueError(f"user_clicks[{key!r}] must have shape [n, 2] (x, y); got {clicks.shape}")
-            seed = instance_seed(tuple(key))
-            if seed in owners and owners[seed] != tuple(key):
-                raise ValueError(f"user_clicks: instances {owners[seed]!r} and {key!r} share the per-instance seed "
-                                 f"{seed}; evaluate them in separate runs")
-            owners[seed] = tuple(key)
-            by_seed[seed] = clicks.astype(np.int64)
+    by_seed = _clicks_by_seed(user_clicks) if user_clicks else {}
+    if by_seed:
         needed = user_slot_count(len(c) for c in by_seed.values())
         if config.user_slots == 0:
             config = dataclasses.replace(config, user_slots=needed)
@@ -557,7 +531,8 @@ def make_rclicks_batch_fn(segmenter, params, click_model, click_params=None, *,
                              f"({max(len(c) for c in by_seed.values())})")
     elif config.user_slots:
         raise ValueError("config.user_slots > 0 needs user_clicks")
-    return RClicksBatchFunction(segmenter, params, click_model, click_params, config, by_seed)
+    protocol = RClicksProtocol(config, click_model, by_seed)
+    return BatchProgram(segmenter, params, protocol, aux_params=click_params, announce=announce)
 
 
 def finalize_record(instance, outputs: Mapping) -> dict:

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxseg_robust.clicksim.sampling import flat_to_xy, sample_flat_indices
+from jaxseg_robust.ops.sampling import flat_to_xy, sample_flat_indices
 
 __all__ = [
     "DEFAULT_NUM_GROUPS",

@@ -25,21 +25,27 @@ import sys
 
 import numpy as np
 
-from jaxseg_robust.commands.prompt_common import (
+from jaxseg_robust.commands.flags import (
     DEVICE_EPILOG,
-    AnnouncedBatchFunction,
     CommandError,
-    LoadedModel,
     add_attack_step_flags,
     add_flag,
     add_mode_flag,
     add_protocol_parser,
     finite_float,
+)
+from jaxseg_robust.commands.loading import (
+    LoadedModel,
     load_instances,
     load_model_of,
     model_config,
-    run_prompt_command,
+    resolve_threshold,
+)
+from jaxseg_robust.commands.running import (
+    finish,
+    report_error,
     run_protocol,
+    start_processes,
     startup_line,
 )
 
@@ -81,8 +87,8 @@ def register(subparsers) -> None:
                           lr_scale="sqrt(H^2 + W^2) / (1024 sqrt 2)")
     add_flag(group, "--lambda-mult", type=finite_float, default=0.1,
              help="weight of the Gamma realism term over CIoU (default %(default)s)")
-    group.add_argument("--thresh", type=finite_float, default=0.5,
-                       help="probability threshold of the attack's masks (default %(default)s)")
+    group.add_argument("--thresh", "--thr", dest="thresh", type=finite_float, default=None,
+                       help="probability threshold of the attack's masks (default: the model family's, 0.5 for SAM)")
     add_flag(group, "--clip-and-order", action="store_true",
              help="the paper's variant: order and clip the box to the image after every update "
                   "(default: the code's raw box)")
@@ -115,7 +121,7 @@ def check_protocol_arguments(args) -> None:
 
     try:
         BrepsConfig(mode="min", n_steps=args.n_opt_steps, lr_mult=args.lr_mult, lam=args.lambda_mult,
-                    thr=args.thresh)
+                    thr=0.5 if args.thresh is None else args.thresh)
     except ValueError as error:
         text = (str(error).replace("n_steps", "--n_opt_steps").replace("lr_mult", "--lr_mult")
                 .replace("lam ", "--lambda_mult ").replace("thr ", "--thresh "))
@@ -216,86 +222,52 @@ def read_user_boxes(args, instances, long_side: int = 1024) -> tuple[dict, str, 
     return assigned, fingerprint, notes
 
 
-class UserBoxBatchFunction:
-    """``PaddedBatch -> {iou, biou, iou_resized, boxes, box_valid}`` [B, K, ...] for user boxes.
+def user_box_finalize(boxes_by_key: dict, box_frame: str):
+    """The user mode's ``finalize``: the instance's own boxes only (trimmed from the padded slots), with user ids."""
 
-    The boxes of a slot are found by the batch's per-instance ``seed`` (a hash
-    of the instance key, `jaxseg_robust.data.buckets.instance_seed`), since a
-    batch carries no keys; the constructor rejects colliding seeds. Each image
-    is embedded once and all its boxes are decoded in one vmapped, jitted call
-    (`jaxseg_robust.attacks.boxes.evaluate_image_boxes`, single-mask output),
-    K = the largest box count rounded up to 16, so one program per frame.
-    Placeholder slots of a ragged tail are not evaluated (NaN).
-    """
-
-    def __init__(self, segmenter, params, boxes_by_key: dict, box_frame: str):
-        from jaxseg_robust.data.buckets import instance_seed  # noqa: PLC0415
-
-        self.segmenter, self.params, self.box_frame = segmenter, params, box_frame
-        self.by_seed: dict[int, InstanceBoxes] = {}
-        for key, boxes in boxes_by_key.items():
-            seed = instance_seed(key)
-            if seed in self.by_seed:
-                raise CommandError(f"instance seed collision for {'/'.join(key)}; rename one instance")
-            self.by_seed[seed] = boxes
-        most = max(len(b.boxes) for b in boxes_by_key.values())
-        self.slots = -(-most // USER_SLOT_MULTIPLE) * USER_SLOT_MULTIPLE
-
-    def __call__(self, batch) -> dict:
-        """Evaluates every valid slot's user boxes; returns NumPy arrays with leading axis B."""
-        from jaxseg_robust.attacks.boxes import evaluate_image_boxes  # noqa: PLC0415
-
-        images, gts = np.asarray(batch.image), np.asarray(batch.gt)
-        sizes, seeds, valid = np.asarray(batch.size), np.asarray(batch.seed), np.asarray(batch.instance_valid)
-        count, frame = gts.shape[0], (int(gts.shape[1]), int(gts.shape[2]))
-        out = {name: np.full((count, self.slots), np.nan, np.float32) for name in ("iou", "biou", "iou_resized")}
-        out["boxes"] = np.zeros((count, self.slots, 4), np.float32)
-        out["box_valid"] = np.zeros((count, self.slots), bool)
-        for slot in range(count):
-            if not valid[slot]:
-                continue
-            entry = self.by_seed[int(seeds[slot])]
-            height, width = (int(v) for v in sizes[slot])
-            scores = evaluate_image_boxes(self.segmenter, self.params, images[slot, :height, :width],
-                                          gts[slot, :height, :width], entry.boxes, box_frame=self.box_frame,
-                                          frame_hw=frame, slot_multiple=self.slots)
-            n = len(entry.boxes)
-            for name in ("iou", "biou", "iou_resized"):
-                out[name][slot, :n] = scores[name]
-            out["boxes"][slot, :n] = entry.boxes
-            out["box_valid"][slot, :n] = True
-        return out
-
-    def finalize(self, instance, outputs) -> dict:
-        """The record payload: the instance's own boxes only, with their user ids."""
-        from jaxseg_robust.data.buckets import instance_seed  # noqa: PLC0415
-
-        entry = self.by_seed[instance_seed(instance.key)]
+    def finalize(instance, outputs) -> dict:
+        entry = boxes_by_key[instance.key]
         n = len(entry.boxes)
         payload = {name: np.asarray(outputs[name])[:n] for name in ("iou", "biou", "iou_resized", "boxes")}
         payload["users"] = list(entry.users)
-        payload["box_frame"] = self.box_frame
+        payload["box_frame"] = box_frame
         return payload
+
+    return finalize
 
 
 # ---- the command ---------------------------------------------------------------------------
 
 def make_batch_function(args, model: LoadedModel, user_boxes: dict | None = None):
-    """(batch_fn, finalize) of the chosen mode."""
-    from jaxseg_robust.attacks.boxes import make_box_batch_fn  # noqa: PLC0415
+    """(batch_fn, finalize) of the chosen mode: a `jaxseg_robust.runner.program.BatchProgram` of the
+    BREPS attack (`jaxseg_robust.attacks.boxes`) or of the fixed boxes (`jaxseg_robust.attacks.fixed_boxes`)."""
+    from jaxseg_robust.attacks.fixed_boxes import fixed_box_protocol, make_box_batch_fn  # noqa: PLC0415
+    from jaxseg_robust.data.buckets import instance_seed  # noqa: PLC0415
+    from jaxseg_robust.runner.program import BatchProgram  # noqa: PLC0415
 
-    if args.mode == "user":
-        function = UserBoxBatchFunction(model.segmenter, model.params, user_boxes, args.box_frame)
-        return function, function.finalize
-    options = {"max_shift_frac": args.jitter_pow, "seed": args.seed} if args.mode == "jitter" else None
-    attack = args.mode in ("min", "max", "minmax")
-    function = make_box_batch_fn(
-        model.segmenter, model.params, mode=args.mode, n_steps=args.n_opt_steps, lr_mult=args.lr_mult,
-        lam=args.lambda_mult, thr=args.thresh, clip_and_order=args.clip_and_order,
-        record_trajectory=not args.no_trajectory, box_frame=args.box_frame,
-        integer_boxes=not args.float_boxes, jitter_options=options, return_mask=attack)
-    return AnnouncedBatchFunction(function, f"BREPS program ({args.mode})"), (
-        store_masks_finalize(args.out, args.mode) if attack else None)
+    try:
+        if args.mode == "user":
+            by_seed = {}
+            for key, boxes in user_boxes.items():
+                seed = instance_seed(key)
+                if seed in by_seed:
+                    raise CommandError(f"instance seed collision for {'/'.join(key)}; rename one instance")
+                by_seed[seed] = boxes.boxes
+            most = max(len(b.boxes) for b in user_boxes.values())
+            protocol = fixed_box_protocol(model.segmenter, "user", box_frame=args.box_frame, user_boxes=by_seed,
+                                          slots=-(-most // USER_SLOT_MULTIPLE) * USER_SLOT_MULTIPLE)
+            function = BatchProgram(model.segmenter, model.params, protocol, announce=startup_line)
+            return function, user_box_finalize(user_boxes, args.box_frame)
+        options = {"max_shift_frac": args.jitter_pow, "seed": args.seed} if args.mode == "jitter" else None
+        attack = args.mode in ("min", "max", "minmax")
+        function = make_box_batch_fn(
+            model.segmenter, model.params, mode=args.mode, n_steps=args.n_opt_steps, lr_mult=args.lr_mult,
+            lam=args.lambda_mult, thr=args.thresh, clip_and_order=args.clip_and_order,
+            record_trajectory=not args.no_trajectory, box_frame=args.box_frame,
+            integer_boxes=not args.float_boxes, jitter_options=options, return_mask=attack, announce=startup_line)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    return function, (store_masks_finalize(args.out, args.mode) if attack else None)
 
 
 def store_masks_finalize(run_dir, mode: str):
@@ -321,9 +293,14 @@ def execute(args) -> tuple:
     instances = load_instances(args)
     startup_line(f"loading {args.model} ...")
     model = load_model_of(args)
+    args.thresh = resolve_threshold(args.thresh, model)  # the family's unless --thresh says otherwise
     user_boxes, user_fingerprint = None, None
     if args.mode == "user":
-        long_side = int(model.segmenter.config.image_size)
+        from jaxseg_robust.attacks.fixed_boxes import has_resized_frame  # noqa: PLC0415
+
+        # the model's resized frame (SAM family) gives the prompt masks' resized-frame boxes;
+        # other families take boxes in the evaluation frame only (the resized ones are then unused)
+        long_side = int(model.segmenter.config.image_size) if has_resized_frame(model.segmenter) else 1024
         user_boxes, user_fingerprint, notes = read_user_boxes(args, instances, long_side)
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
@@ -340,5 +317,11 @@ def execute(args) -> tuple:
 
 
 def run(args) -> int:
-    """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
-    return run_prompt_command(COMMAND, args, execute)
+    """Checks the flags, loads, runs into ``args.out`` and prints the table; returns an exit code of
+    `jaxseg_robust.exit_codes`."""
+    try:
+        start_processes(args)
+        summary, markdown, csv_text = execute(args)
+    except (CommandError, ValueError) as error:
+        return report_error(COMMAND, str(error))
+    return finish(COMMAND, args, summary, markdown, csv_text)

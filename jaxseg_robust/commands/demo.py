@@ -41,8 +41,9 @@ import dataclasses
 import pathlib
 import sys
 
-from jaxseg_robust.cli import EXIT_FAILURE, EXIT_OK
-from jaxseg_robust.commands.prompt_common import DEVICE_EPILOG, CommandError, report_error
+from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK
+from jaxseg_robust.commands.flags import DEVICE_EPILOG, CommandError
+from jaxseg_robust.commands.running import report_error
 
 COMMAND = "demo"
 UNTRAINED_MODEL = "sam_tiny"
@@ -185,7 +186,7 @@ def _banner(text: str) -> None:
 
 def run(args) -> int:
     """Runs the demo; returns the worst exit code of its sub-runs (2 if the report cannot be written)."""
-    from jaxseg_robust.cli import build_parser  # noqa: PLC0415
+    from jaxseg_robust.commands import build_parser  # noqa: PLC0415
     from jaxseg_robust.reports.run_report import write_run_report  # noqa: PLC0415
 
     try:

@@ -29,20 +29,26 @@ import sys
 
 import numpy as np
 
-from jaxseg_robust.commands.prompt_common import (
+from jaxseg_robust.commands.flags import (
     DEVICE_EPILOG,
-    AnnouncedBatchFunction,
     CommandError,
-    LoadedModel,
     add_flag,
     add_protocol_parser,
     finite_float,
+    positive_int,
+)
+from jaxseg_robust.commands.loading import (
+    LoadedModel,
     load_instances,
     load_model_of,
     model_config,
-    positive_int,
-    run_prompt_command,
+    resolve_threshold,
+)
+from jaxseg_robust.commands.running import (
+    finish,
+    report_error,
     run_protocol,
+    start_processes,
     startup_line,
 )
 
@@ -88,8 +94,9 @@ def register(subparsers) -> None:
     group.add_argument("--prefix", choices=grid.CLICK_PREFIXES, default="none",
                        help="click grid: 'none' = first click, 'baseline' = second click after the baseline "
                             "first click (default %(default)s)")
-    group.add_argument("--thresh", "--thr", dest="thresh", type=finite_float, default=grid.DEFAULT_THRESHOLD,
-                       help="click grid: probability threshold of the masks (default %(default)s)")
+    group.add_argument("--thresh", "--thr", dest="thresh", type=finite_float, default=None,
+                       help="click grid: probability threshold of the masks (default: the model family's, 0.5 "
+                            "for SAM)")
     output = group.add_mutually_exclusive_group()
     output.add_argument("--multimask", dest="multimask", action="store_true", default=None,
                         help="multimask output + argmax predicted IoU (default for clicks)")
@@ -110,7 +117,7 @@ def check_arguments(args) -> bool:
                 raise CommandError(f"{flag} applies to --kind click")
     elif args.no_corner_heatmap:
         raise CommandError("--no-corner-heatmap applies to --kind box")
-    if not 0.0 <= args.thresh < 1.0:
+    if args.thresh is not None and not 0.0 <= args.thresh < 1.0:
         raise CommandError(f"--thresh must be in [0, 1); got {args.thresh}")
     return (args.kind == "click") if args.multimask is None else bool(args.multimask)
 
@@ -157,36 +164,30 @@ def protocol_config(args, model: LoadedModel, multimask: bool) -> dict:
 
 
 def make_batch_function(args, model: LoadedModel, multimask: bool):
-    """The `jaxseg_robust.attacks.grid` batch function of ``--kind``."""
+    """The `jaxseg_robust.attacks.grid` batch function (a `jaxseg_robust.runner.program.BatchProgram`) of ``--kind``."""
     from jaxseg_robust.attacks.grid import make_box_grid_batch_fn, make_click_grid_batch_fn  # noqa: PLC0415
 
     try:
         if args.kind == "click":
             return make_click_grid_batch_fn(model.segmenter, model.params, stride=args.stride,
                                             chunk_size=args.chunk_size, region=args.region, prefix=args.prefix,
-                                            thr=args.thresh, multimask_output=multimask)
+                                            thr=args.thresh, multimask_output=multimask, announce=startup_line)
         return make_box_grid_batch_fn(model.segmenter, model.params, stride=args.stride, chunk_size=args.chunk_size,
-                                      multimask_output=multimask, corner_heatmap=not args.no_corner_heatmap)
+                                      multimask_output=multimask, corner_heatmap=not args.no_corner_heatmap,
+                                      announce=startup_line)
     except ValueError as error:
         raise CommandError(str(error)) from None
 
 
 # ---- records ---------------------------------------------------------------------------------
 
-def _safe(text: str) -> str:
-    """``text`` if it is a safe file name, else its safe form plus a short hash (distinct names stay distinct)."""
-    import hashlib  # noqa: PLC0415
-
-    from jaxseg_robust.reports.report_files import sanitize_name  # noqa: PLC0415
-
-    safe = sanitize_name(text)
-    return safe if safe == text else f"{safe}-{hashlib.sha1(str(text).encode()).hexdigest()[:8]}"
-
-
 def heatmap_path(dataset: str, instance_id: str) -> pathlib.Path:
     """``heatmaps/<dataset>/<id>.npz`` relative to the run directory (names that are not file-name-safe
-    are made safe and get a short hash of the original, so two instances never share a file)."""
-    return pathlib.Path(HEATMAPS_DIR) / _safe(dataset) / f"{_safe(instance_id)}.npz"
+    are made safe and get a short hash of the original, `jaxseg_robust.hashing.file_stem`, so two
+    instances never share a file)."""
+    from jaxseg_robust.hashing import file_stem  # noqa: PLC0415
+
+    return pathlib.Path(HEATMAPS_DIR) / file_stem(dataset) / f"{file_stem(instance_id)}.npz"
 
 
 def _nan_extreme(values: np.ndarray, which) -> float:
@@ -264,7 +265,8 @@ def execute(args) -> tuple:
     check_stride(args, instances)
     startup_line(f"loading {args.model} ...")
     model = load_model_of(args)
-    batch_fn = AnnouncedBatchFunction(make_batch_function(args, model, multimask), f"{args.kind} grid program")
+    args.thresh = resolve_threshold(args.thresh, model)  # the family's unless --thresh says otherwise
+    batch_fn = make_batch_function(args, model, multimask)
     config = protocol_config(args, model, multimask)
     summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
                            finalize=make_finalize(args.out, args.kind, args.stride))
@@ -273,5 +275,11 @@ def execute(args) -> tuple:
 
 
 def run(args) -> int:
-    """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
-    return run_prompt_command(COMMAND, args, execute)
+    """Checks the flags, loads, runs into ``args.out`` and prints the table; returns an exit code of
+    `jaxseg_robust.exit_codes`."""
+    try:
+        start_processes(args)
+        summary, markdown, csv_text = execute(args)
+    except (CommandError, ValueError) as error:
+        return report_error(COMMAND, str(error))
+    return finish(COMMAND, args, summary, markdown, csv_text)

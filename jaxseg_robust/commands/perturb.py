@@ -25,7 +25,7 @@ Labels: ``--labels gt`` (default) scores against the datasets' binary masks
 ALMA prox needs a model with >= 3 classes (its DLR constraint uses the
 top-3 logits), so it is refused for binary models.
 
-Images are attacked at their own size (no spatial padding, spec §10.5; one
+Images are attacked at their own size (no spatial padding, §10.5; one
 compilation per attack and image size); ``--max-side`` (default 2048, the
 size guard of every command, 0 = none) downsizes larger images first
 (Pillow bilinear, masks nearest), which changes the threat model to the
@@ -40,19 +40,23 @@ import dataclasses
 import fractions
 import os
 import pathlib
-import sys
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxseg_robust.cli import EXIT_FAILURE, EXIT_OK
-from jaxseg_robust.commands.prompt_common import (
-    DEFAULT_MAX_SIDE,
-    MAX_SIDE_HELP,
+from jaxseg_robust.exit_codes import EXIT_OK
+from jaxseg_robust.commands.flags import (
     CommandError,
-    add_process_arguments,
-    start_processes,
+    add_dataset_arguments,
+    add_flag,
+    add_model_arguments,
+    add_run_arguments,
+    non_negative_int,
+    positive_int,
 )
+from jaxseg_robust.commands.loading import load_instances
+from jaxseg_robust.commands.running import report_error, run_protocol, start_processes
+from jaxseg_robust.runner.engine import recorded_counts
 
 ATTACK_GROUPS = {
     "padam-ce": ("padam_ce",), "padam-cos": ("padam_cos",), "padam": ("padam_ce", "padam_cos"),
@@ -62,6 +66,7 @@ ATTACK_GROUPS = {
 }
 DEFAULT_ATTACKS = "padam-ce,padam-cos,sea,dag,alma-prox,pdpgd"
 LABEL_MODES = ("gt", "prediction")
+COMMAND = "perturb"
 EXAMPLE_KEYS = ("image", "adversarial", "labels", "valid", "clean_pred", "adv_pred")
 
 EPILOG = """\
@@ -84,53 +89,34 @@ exit codes: 0 every instance ok, 1 some instances failed (listed), 2 bad argumen
 
 
 def register(subparsers) -> None:
-    """Adds the ``perturb`` sub-command."""
+    """Adds the ``perturb`` sub-command (the model, data and run flag groups of every command, plus the battery's)."""
     parser = subparsers.add_parser(
         "perturb", help="L∞ image-perturbation attack battery (ECCV'24) on a dense or prompted model",
         description="Attack a segmentation model with the L∞ image-perturbation battery of Halmosi et al. "
         "(ECCV'24): PAdam, SEA (APGD), DAG, ALMA prox, PDPGD and their per-image worst case; resumable.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="converted dense model dir, or SAM-family zoo name / converted dir")
-    parser.add_argument("--random-init", action="store_true",
-                        help="give a SAM-family zoo name random weights (smoke runs only)")
-    parser.add_argument("--attacks", default=DEFAULT_ATTACKS, help="comma list (default %(default)s; or 'all')")
-    parser.add_argument("--eps", default="8/255", help="L∞ radius in image units, e.g. 8/255 or 0.03 (default %(default)s)")
-    parser.add_argument("--datasets", help="comma list of dataset names or image/mask folders")
-    parser.add_argument("--data-root", default=None, help="datasets root (default $JAXSEG_ROBUST_DATA)")
-    parser.add_argument("--mask-rule", default=">128", help="mask rule of plain folders (default %(default)s)")
-    parser.add_argument("--on-bad-pair", choices=("fail", "skip", "error"), default="fail",
-                        help="unreadable/unmatched files: record as failed (default), skip, or stop")
-    parser.add_argument("--out", required=True, help="run directory (created; resumed when it exists)")
-    parser.add_argument("--labels", choices=LABEL_MODES, default="gt",
-                        help="score against the GT masks (binary models) or the model's clean prediction")
-    parser.add_argument("--single-mask", action="store_true",
-                        help="SAM-family: single-mask output instead of the best of 3 by predicted IoU")
-    parser.add_argument("--void-policy", choices=("ignore", "as_background"), default="ignore",
-                        help="max-damage attacks on void (ignore band) pixels (default %(default)s)")
-    parser.add_argument("--sea-schedule", choices=("progressive", "single"), default="progressive")
-    parser.add_argument("--padam-steps", type=int, default=200)
-    parser.add_argument("--sea-iterations", type=int, default=300)
-    parser.add_argument("--dag-iterations", type=int, default=200)
-    parser.add_argument("--alma-steps", type=int, default=500)
-    parser.add_argument("--pdpgd-steps", type=int, default=500)
-    parser.add_argument("--batch-size", type=int, default=1, help="instances per batch (default %(default)s)")
-    parser.add_argument("--max-side", "--max_side", type=int, default=DEFAULT_MAX_SIDE, metavar="PX",
-                        help=MAX_SIDE_HELP)
-    parser.add_argument("--limit", type=int, default=None, help="only the first N instances of each dataset")
-    parser.add_argument("--seed", type=int, default=0, help="base PRNG seed of the random starts")
-    parser.add_argument("--examples", type=int, default=4, help="instances whose images are saved for the report")
-    parser.add_argument("--progress", choices=("auto", "tqdm", "plain", "none"), default="auto")
-    parser.add_argument("--retry-failed", action="store_true", help="rerun instances recorded as failed")
-    parser.add_argument("--allow-manifest-mismatch", action="store_true",
-                        help="resume into a run directory made with a different config")
-    parser.add_argument("--no-report", action="store_true", help="do not write RUN_DIR/report")
-    parser.add_argument("--report-only", action="store_true", help="only rebuild the report of --out")
-    add_process_arguments(parser)
+    add_model_arguments(parser, required=False, what="; or a converted dense model directory (u2netp, deeplabv3)")
+    add_dataset_arguments(parser)
+    add_run_arguments(parser, default_batch_size=1, default_frame=None)  # images are attacked at their own size
+    group = parser.add_argument_group("perturbation battery")
+    group.add_argument("--attacks", default=DEFAULT_ATTACKS, help="comma list (default %(default)s; or 'all')")
+    group.add_argument("--eps", default="8/255", help="L∞ radius in image units, e.g. 8/255 or 0.03 (default %(default)s)")
+    group.add_argument("--labels", choices=LABEL_MODES, default="gt",
+                       help="score against the GT masks (binary models) or the model's clean prediction")
+    add_flag(group, "--single-mask", action="store_true",
+             help="SAM-family: single-mask output instead of the best of 3 by predicted IoU")
+    add_flag(group, "--void-policy", choices=("ignore", "as_background"), default="ignore",
+             help="max-damage attacks on void (ignore band) pixels (default %(default)s)")
+    add_flag(group, "--sea-schedule", choices=("progressive", "single"), default="progressive")
+    for flag, default in (("--padam-steps", 200), ("--sea-iterations", 300), ("--dag-iterations", 200),
+                          ("--alma-steps", 500), ("--pdpgd-steps", 500)):
+        add_flag(group, flag, type=positive_int, default=default, help="(default %(default)s)")
+    group.add_argument("--seed", type=int, default=0, help="base PRNG seed of the random starts")
+    add_flag(group, "--examples", type=non_negative_int, default=4,
+             help="instances whose images are saved for the report (default %(default)s)")
+    add_flag(group, "--no-report", action="store_true", help="do not write RUN_DIR/report")
+    add_flag(group, "--report-only", action="store_true", help="only rebuild the report of --out")
     parser.set_defaults(func=run)
-
-
-def _error(message: str) -> None:
-    print(f"jaxseg-robust perturb: error: {message}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -164,16 +150,8 @@ def parse_attacks(text: str) -> tuple[str, ...]:
     return tuple(name for name in CANDIDATE_ORDER if name in wanted)
 
 
-def _check_positive_ints(args) -> None:
-    for flag in ("padam_steps", "sea_iterations", "dag_iterations", "alma_steps", "pdpgd_steps", "batch_size"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {args.limit}")
-    if args.max_side < 0:
-        raise ValueError(f"--max-side must be >= 0 (0: no size guard), got {args.max_side}")
-    if args.examples < 0:
-        raise ValueError(f"--examples must be >= 0, got {args.examples}")
+def check_schedule(args) -> None:
+    """The progressive SEA schedule needs three stages (ValueError naming --sea-iterations)."""
     if args.sea_schedule == "progressive" and int(0.3 * args.sea_iterations) < 1:
         raise ValueError(f"--sea-iterations must be >= 4 with the progressive schedule (three stages of "
                          f"⌊0.3N⌋, ⌊0.3N⌋ and the rest), got {args.sea_iterations}")
@@ -199,11 +177,18 @@ class Target(NamedTuple):
     fingerprint: str
 
 
-def load_target(name_or_dir: str, *, random_init: bool = False, multimask_output: bool = True) -> Target:
+def load_target(name_or_dir: str, *, random_seed: int | None = None, multimask_output: bool = True,
+                compute_dtype: str | None = None) -> Target:
     """Loads ``--model``: a converted dense directory, or a SAM-family zoo name / directory.
 
+    Args:
+      random_seed: ``--random-weights`` (old spelling ``--random-init``): seeded random weights of a zoo name.
+      multimask_output: SAM-family: the best of 3 candidates (True) or the single-mask output.
+      compute_dtype: SAM-family image-encoder dtype (``--compute-dtype``).
+
     Raises:
-      ValueError: unknown name, or ``--random-init`` with something other than a zoo name.
+      ValueError: unknown name, random weights for something other than a zoo name, a compute
+        dtype for a dense model.
       FileNotFoundError / jaxseg_robust.models.store.StoreError: missing or damaged weights.
     """
     import jax  # noqa: PLC0415
@@ -216,65 +201,27 @@ def load_target(name_or_dir: str, *, random_init: bool = False, multimask_output
     from jaxseg_robust.models import store  # noqa: PLC0415
 
     path = pathlib.Path(os.path.expanduser(name_or_dir))
-    if random_init:
+    if random_seed is not None:
         if path.is_dir() or name_or_dir not in zoo.known_names():
-            raise ValueError(f"--random-init needs a zoo name ({', '.join(zoo.known_names())}), got {name_or_dir!r}")
-        segmenter = zoo.segmenter(name_or_dir)
-        params = segmenter.init(jax.random.key(0))
-        description = {"model": name_or_dir, "kind": "prompted", "weights": "random-init"}
+            raise ValueError(f"--random-weights needs a zoo name ({', '.join(zoo.known_names())}), "
+                             f"got {name_or_dir!r}")
+        segmenter = zoo.segmenter(name_or_dir, compute_dtype=compute_dtype)
+        params = segmenter.init(jax.random.key(random_seed))
+        weights = "random-init" if random_seed == 0 else f"random-init:{random_seed}"
+        description = {"model": name_or_dir, "kind": "prompted", "weights": weights}
     elif path.is_dir() and store.read_meta(path)["family"] in (u2net.FAMILY, deeplabv3.FAMILY):
+        if compute_dtype is not None:
+            raise ValueError("--compute-dtype applies to SAM-family models, not to a dense model")
         model, variables = dense.load_converted(path)
         params = jax.tree.map(jnp.asarray, variables)
         description = {"model": str(path.resolve()), "kind": "dense", "family": store.read_meta(path)["family"]}
         return Target(description, model, params, False, fingerprint_params(params))
     else:
-        segmenter, params, meta = zoo.load_params(name_or_dir)
+        segmenter, params, meta = zoo.load_params(name_or_dir, compute_dtype=compute_dtype)
         description = {"model": name_or_dir, "kind": "prompted", "family": meta["family"]}
     model = PromptedSegmenter(segmenter, multimask_output=multimask_output)
     description.update(prompt="tight GT box", multimask_output=multimask_output)
     return Target(description, model, params, True, fingerprint_params(params))
-
-
-# ---------------------------------------------------------------------------- the data
-
-def cap_size(refs, max_side: int | None) -> list:
-    """The size guard (`jaxseg_robust.data.datasets.guard_size`): larger instances are downsized on load."""
-    from jaxseg_robust.data.datasets import guard_size  # noqa: PLC0415
-
-    return guard_size(refs, max_side)
-
-
-def list_instances(datasets: str, data_root, mask_rule: str, limit: int | None, on_bad_pair: str = "fail") -> list:
-    """``--datasets`` entries (registered names or image/mask folders) -> InstanceRefs.
-
-    A folder whose name is a registered kind (``grabcut``, ``davis``, ...) is read as that
-    kind, any other folder as ``images/ + masks/`` with ``mask_rule``. ``on_bad_pair``
-    ("fail" by default: an unreadable or unmatched file becomes a failed instance, the run
-    goes on) is passed to the listing.
-    """
-    from jaxseg_robust.data.datasets import find_kind, load_dataset, load_datasets  # noqa: PLC0415
-    from jaxseg_robust.data.masks_io import is_default_rule  # noqa: PLC0415
-
-    items = [item.strip() for item in str(datasets).split(",") if item.strip()]
-    if not items:
-        raise ValueError("--datasets is empty")
-    plain = [item for item in items if pathlib.Path(os.path.expanduser(item)).is_dir()
-             and find_kind(pathlib.Path(os.path.expanduser(item)).name) is None]
-    if not plain and not is_default_rule(mask_rule):
-        raise ValueError("--mask-rule applies to plain image/mask folders in --datasets; the registered datasets "
-                         f"({', '.join(items)}) decode their masks by their own rule")
-    refs = []
-    for item in items:
-        path = pathlib.Path(os.path.expanduser(item))
-        if path.is_dir():
-            kind = find_kind(path.name)
-            kind_name = kind.name if kind is not None else "folder"
-            options = {"rule": mask_rule} if kind_name == "folder" else {}
-            listed = load_dataset(path, kind=kind_name, name=path.name, on_bad_pair=on_bad_pair, **options)
-        else:
-            listed = load_datasets(item, data_root, options={item: {"on_bad_pair": on_bad_pair}})
-        refs.extend(listed[:limit] if limit is not None else listed)
-    return refs
 
 
 # ---------------------------------------------------------------------------- the batch function
@@ -308,7 +255,7 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
     import jax.numpy as jnp  # noqa: PLC0415
 
     from jaxseg_robust.attacks.perturb import instance_keys, run_battery  # noqa: PLC0415
-    from jaxseg_robust.models.dense.prompted import box_prompts, with_prompts  # noqa: PLC0415
+    from jaxseg_robust.models.dense.prompted import tight_box_prompts, with_prompts  # noqa: PLC0415
 
     model = target.model
     logits_fn = model.apply
@@ -322,7 +269,7 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
         gt = jnp.asarray(batch.gt).astype(jnp.int32)
         params = target.params
         if target.prompted:
-            params = with_prompts(params, box_prompts(gt, model.low_res_size))
+            params = with_prompts(params, tight_box_prompts(gt, model.low_res_size))
         clean_pred = predict(params, images)
         if labels_mode == "gt":
             labels, valid = gt, jnp.asarray(batch.valid) & (gt >= 0)
@@ -379,75 +326,77 @@ def _report(out: pathlib.Path, write: bool) -> None:
 
 
 def run(args) -> int:
-    """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
+    """Runs the command; returns an exit code of `jaxseg_robust.exit_codes`."""
     out = pathlib.Path(args.out)
     if args.report_only:
         try:
             _report(out, write=True)
         except (FileNotFoundError, ValueError) as error:
-            _error(str(error))
-            return EXIT_FAILURE
+            return report_error(COMMAND, str(error))
         return EXIT_OK
     try:
-        process_index, process_count = start_processes(args)
-        if not args.model or not args.datasets:
-            raise ValueError("give --model and --datasets (or --report-only)")
-        _check_positive_ints(args)
-        epsilon = parse_epsilon(args.eps)
-        attacks = parse_attacks(args.attacks)
-        target = load_target(args.model, random_init=args.random_init, multimask_output=not args.single_mask)
-        num_classes = int(target.model.num_classes)
-        if args.labels == "gt" and num_classes != 2:
-            raise ValueError(f"--labels gt scores binary masks but {args.model} has {num_classes} classes; "
-                             f"use --labels prediction")
-        if "alma_prox" in attacks and num_classes < 3:
-            raise ValueError(f"alma-prox needs a model with >= 3 classes (its DLR constraint uses the top-3 "
-                             f"logits); {args.model} has {num_classes}: drop it from --attacks")
-        instances = cap_size(list_instances(args.datasets, args.data_root, args.mask_rule, args.limit,
-                                            args.on_bad_pair), args.max_side)
-        if not instances:
-            raise ValueError(f"no instances in --datasets {args.datasets}")
-    except Exception as error:  # noqa: BLE001 - every setup problem is a bad-argument exit
-        _error(f"{type(error).__name__}: {error}" if not isinstance(error, (ValueError, CommandError))
-               else str(error))
-        return EXIT_FAILURE
+        start_processes(args)
+        target, instances, battery = prepare(args)
+        summary = run_battery_into(args, target, instances, battery)
+    except (CommandError, ValueError, OSError) as error:  # StoreError and DatasetError are ValueErrors
+        return report_error(COMMAND, str(error) if isinstance(error, (CommandError, ValueError))
+                            else f"{type(error).__name__}: {error}")
+    print(summary.format())
+    _report(out, write=not args.no_report)
+    if recorded_counts(out)["ok"] == 0:
+        return report_error(COMMAND, "no instance could be processed")
+    return summary.exit_code
 
-    from jaxseg_robust.attacks.perturb.ensemble import BatteryConfig, build_battery  # noqa: PLC0415
-    from jaxseg_robust.runner.engine import run as run_engine  # noqa: PLC0415
 
+def prepare(args):
+    """Checks the flags, loads the model and lists the instances: (`Target`, instances, `BatteryConfig`).
+
+    Raises:
+      ValueError / CommandError: naming the flag (nothing is computed before).
+    """
+    from jaxseg_robust.attacks.perturb.ensemble import BatteryConfig  # noqa: PLC0415
+
+    if not args.model or not (args.datasets or args.folder):
+        raise CommandError("give --model and --datasets (or --report-only)")
+    check_schedule(args)
+    epsilon = parse_epsilon(args.eps)
+    attacks = parse_attacks(args.attacks)
+    target = load_target(args.model, random_seed=args.random_weights, multimask_output=not args.single_mask,
+                         compute_dtype=args.compute_dtype)
+    num_classes = int(target.model.num_classes)
+    if args.labels == "gt" and num_classes != 2:
+        raise ValueError(f"--labels gt scores binary masks but {args.model} has {num_classes} classes; "
+                         f"use --labels prediction")
+    if "alma_prox" in attacks and num_classes < 3:
+        raise ValueError(f"alma-prox needs a model with >= 3 classes (its DLR constraint uses the top-3 "
+                         f"logits); {args.model} has {num_classes}: drop it from --attacks")
+    instances = load_instances(args)
     background = target.model.background_class
     battery = BatteryConfig(num_classes=num_classes, epsilon=epsilon, void_policy=args.void_policy,
                             background_class=0 if background is None else int(background),
                             sea_schedule=args.sea_schedule, attacks=attacks, padam_steps=args.padam_steps,
                             sea_iterations=args.sea_iterations, dag_iterations=args.dag_iterations,
                             alma_steps=args.alma_steps, pdpgd_steps=args.pdpgd_steps)
+    return target, instances, battery
+
+
+def run_battery_into(args, target: Target, instances, battery):
+    """Runs the battery over the instances into ``args.out`` (`jaxseg_robust.runner.engine.run`); the summary."""
+    from jaxseg_robust.attacks.perturb.ensemble import build_battery  # noqa: PLC0415
+
     candidates = build_battery(target.model.apply, battery)
     names = tuple(c.name for c in candidates)
-    config = {"protocol": "perturb", **target.description, "candidates": list(names), "num_classes": num_classes,
-              "background_class": background, "epsilon": epsilon, "epsilon_text": args.eps, "labels": args.labels,
+    config = {"protocol": "perturb", **target.description, "candidates": list(names),
+              "num_classes": battery.num_classes, "background_class": target.model.background_class,
+              "epsilon": battery.epsilon, "epsilon_text": args.eps, "labels": args.labels,
               "void_policy": args.void_policy, "sea_schedule": args.sea_schedule,
               "budgets": {"padam_steps": args.padam_steps, "sea_iterations": args.sea_iterations,
                           "dag_iterations": args.dag_iterations, "alma_steps": args.alma_steps,
                           "pdpgd_steps": args.pdpgd_steps},
               "reference_quirks": battery.reference_quirks, "max_side": args.max_side, "seed": args.seed}
-    saver = ExampleSaver(out / "examples", args.examples, names)
+    saver = ExampleSaver(pathlib.Path(args.out) / "examples", args.examples, names)
     print(f"perturb: {len(instances)} instances, attacks {', '.join(names[1:])}, ε = {args.eps}, "
           f"model {target.description['model']} ({target.description['kind']})", flush=True)
-    try:
-        summary = run_engine(instances, make_batch_fn(target, candidates, battery, args.labels, args.seed), out,
-                             args.batch_size, config=config, model_fingerprint=target.fingerprint,
-                             finalize=make_finalize(saver, battery.background_class),
-                             allow_manifest_mismatch=args.allow_manifest_mismatch,
-                             retry_failed=args.retry_failed, progress=args.progress,
-                             process_index=process_index, process_count=process_count)
-    except (ValueError, RuntimeError, OSError) as error:
-        _error(f"{type(error).__name__}: {error}")
-        return EXIT_FAILURE
-    print(summary.format())
-    _report(out, write=not args.no_report)
-    from jaxseg_robust.runner.engine import recorded_counts  # noqa: PLC0415
-
-    if recorded_counts(out)["ok"] == 0:
-        _error("no instance could be processed")
-        return EXIT_FAILURE
-    return summary.exit_code
+    return run_protocol(args, instances=instances, config=config, model=target, check=None,
+                        batch_fn=make_batch_fn(target, candidates, battery, args.labels, args.seed),
+                        finalize=make_finalize(saver, battery.background_class))

@@ -26,8 +26,9 @@ import pathlib
 
 import numpy as np
 
-from jaxseg_robust.cli import EXIT_FAILURE
-from jaxseg_robust.commands import prompt_common as common
+from jaxseg_robust.commands import flags, loading, running
+from jaxseg_robust.commands.flags import CommandError
+from jaxseg_robust.exit_codes import EXIT_FAILURE
 
 COMMAND = "rclicks"
 DEFAULT_BATCH_SIZE = 4
@@ -54,31 +55,32 @@ def register(subparsers) -> None:
                     "clicker and ten clicking groups sampled from a clickability map, 20 rounds each; "
                     "optionally real first-round user clicks from the RClicks clicks CSV.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_common_arguments(parser, default_batch_size=DEFAULT_BATCH_SIZE)
+    flags.add_common_arguments(parser, default_batch_size=DEFAULT_BATCH_SIZE)
     group = parser.add_argument_group("rclicks")
     group.add_argument("--clickability", required=True, metavar="DIR|dt|ud|NAME",
                        help="click model: converted clickability directory, zoo name rclicks_clickability, "
                             "or the baselines dt / ud")
-    common.add_flag(group, "--clickability-random-weights", type=common.non_negative_int, default=None,
+    flags.add_flag(group, "--clickability-random-weights", type=flags.non_negative_int, default=None,
                     metavar="SEED", help="seeded random clickability weights for a zoo name (smoke tests)")
-    common.add_flag(group, "--clicks-csv", default=None, metavar="CSV",
+    flags.add_flag(group, "--clicks-csv", default=None, metavar="CSV",
                     help="RClicks clicks.csv: also evaluate real first-round clicks (User) and as many "
                          "sampled ones (SamplingUsersCount)")
-    common.add_flag(group, "--n-clicks", type=common.positive_int, default=20,
+    flags.add_flag(group, "--n-clicks", type=flags.positive_int, default=20,
                     help="rounds per trajectory (default %(default)s)")
-    common.add_flag(group, "--groups", type=common.non_negative_int, default=10,
+    flags.add_flag(group, "--groups", type=flags.non_negative_int, default=10,
                     help="clicking groups (equal-mass bands; even, as ΔHH pairs group j with j+G/2; "
                          "0 = no groups; default %(default)s)")
-    common.add_flag(group, "--no-base", action="store_true", help="skip the Base (baseline clicker) trajectory")
-    group.add_argument("--thr", type=common.finite_float, default=0.5,
-                       help="probability threshold of the model (0.5 SAM-type, 0.49 RITM-type; default %(default)s)")
-    common.add_flag(group, "--target-iou", type=common.finite_float, default=0.9,
+    flags.add_flag(group, "--no-base", action="store_true", help="skip the Base (baseline clicker) trajectory")
+    group.add_argument("--thr", "--thresh", dest="thr", type=flags.finite_float, default=None,
+                       help="probability threshold of the model (default: the model family's; 0.5 SAM-type, "
+                            "0.49 RITM-type)")
+    flags.add_flag(group, "--target-iou", type=flags.finite_float, default=0.9,
                     help="IoU target of NoC/NoF in the table, in (0, 1] (default %(default)s)")
-    common.add_flag(group, "--mask-feedback", choices=("reference", "always", "never"), default="reference",
+    flags.add_flag(group, "--mask-feedback", choices=("reference", "always", "never"), default="reference",
                     help="previous low-res mask input: 'reference' (reset at round 2 after a negative click, "
                          "as the RClicks SAM wrapper), 'always' or 'never' (default %(default)s)")
     group.add_argument("--seed", type=int, default=42, help="run seed (default %(default)s)")
-    common.add_flag(group, "--plot-groups", type=common.non_negative_int, default=1, metavar="N",
+    flags.add_flag(group, "--plot-groups", type=flags.non_negative_int, default=1, metavar="N",
                     help="clicking-groups figures for the first N instances of each dataset (default %(default)s)")
     parser.set_defaults(func=run, tetris_max_side_default=2048)
 
@@ -89,9 +91,9 @@ def _load_click_model(args):
     try:
         return load_click_model(args.clickability, random_seed=args.clickability_random_weights)
     except (ValueError, FileNotFoundError, OSError) as error:
-        raise common.CommandError(f"--clickability {args.clickability}: {error}") from None
-    except Exception as error:  # noqa: BLE001 - e.g. jaxseg_robust.models.store.StoreError on a damaged directory
-        raise common.CommandError(f"--clickability {args.clickability}: {type(error).__name__}: {error}") from None
+        raise CommandError(f"--clickability {args.clickability}: {error}") from None
+    except (KeyError, TypeError) as error:  # a config.json that does not describe its family
+        raise CommandError(f"--clickability {args.clickability}: {type(error).__name__}: {error}") from None
 
 
 def _user_clicks(args, instances):
@@ -103,10 +105,10 @@ def _user_clicks(args, instances):
     try:
         table = read_clicks_csv(args.clicks_csv)
     except (ValueError, OSError) as error:
-        raise common.CommandError(f"--clicks-csv: {error}") from None
+        raise CommandError(f"--clicks-csv: {error}") from None
     clicks = first_round_clicks(table, instances)
     if not clicks:
-        raise common.CommandError(f"--clicks-csv {args.clicks_csv}: no first-round clicks match the instances "
+        raise CommandError(f"--clicks-csv {args.clicks_csv}: no first-round clicks match the instances "
                                   "(dataset names GrabCut/Berkeley/DAVIS/COCO/TETRIS, image stems, object codes)")
     return clicks
 
@@ -158,27 +160,28 @@ def check_flags(args) -> None:
         ``--no-base --groups 0`` without ``--clicks-csv``: nothing to evaluate).
     """
     if args.n_clicks < 2:
-        raise common.CommandError(f"--n-clicks must be >= 2 (IoU-AuC needs two rounds); got {args.n_clicks}")
-    if not 0.0 < args.thr < 1.0:
-        raise common.CommandError(f"--thr must be in (0, 1); got {args.thr}")
+        raise CommandError(f"--n-clicks must be >= 2 (IoU-AuC needs two rounds); got {args.n_clicks}")
+    if args.thr is not None and not 0.0 < args.thr < 1.0:
+        raise CommandError(f"--thr must be in (0, 1); got {args.thr}")
     if not 0.0 < args.target_iou <= 1.0:
-        raise common.CommandError(f"--target-iou must be an IoU in (0, 1]; got {args.target_iou}")
+        raise CommandError(f"--target-iou must be an IoU in (0, 1]; got {args.target_iou}")
     if args.groups % 2:
-        raise common.CommandError(f"--groups must be even (ΔHH pairs group j with group j+G/2; the benchmark "
+        raise CommandError(f"--groups must be even (ΔHH pairs group j with group j+G/2; the benchmark "
                                   f"uses 10) or 0 for no groups; got {args.groups}")
     if args.no_base and args.groups == 0 and args.clicks_csv is None:
-        raise common.CommandError("--no-base with --groups 0 leaves nothing to evaluate; drop one of them or "
+        raise CommandError("--no-base with --groups 0 leaves nothing to evaluate; drop one of them or "
                                   "add --clicks-csv (real first-round clicks)")
 
 
 def run(args) -> int:
-    """Runs the command; returns the exit code."""
+    """Checks the flags, loads, runs into ``args.out`` and prints the table; returns an exit code of
+    `jaxseg_robust.exit_codes`."""
     try:
         check_flags(args)
-        common.start_processes(args)
+        running.start_processes(args)
         return _run(args)
-    except common.CommandError as error:
-        return common.report_error(COMMAND, str(error))
+    except CommandError as error:
+        return running.report_error(COMMAND, str(error))
 
 
 def _run(args) -> int:
@@ -196,28 +199,27 @@ def _run(args) -> int:
 
     if args.tetris_max_side is None:
         args.tetris_max_side = args.tetris_max_side_default  # RClicks caps TETRIS at 2048 px (§1.3)
-    instances = common.load_instances(args)  # data and clicks first: their errors come before any model load
+    instances = loading.load_instances(args)  # data and clicks first: their errors come before any model load
     user_clicks = _user_clicks(args, instances)
     mesh = data_mesh()
-    model = common.load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype,
-                              mesh=mesh)
+    model = loading.load_model_of(args, mesh=mesh)
     loaded = _load_click_model(args)
     try:
         slots = user_slot_count(len(c) for c in user_clicks.values()) if user_clicks else 0
         config = RClicksConfig(num_rounds=args.n_clicks, num_groups=args.groups, run_base=not args.no_base,
-                               threshold=args.thr, mask_feedback=args.mask_feedback, seed=args.seed,
-                               user_slots=slots)
+                               threshold=loading.resolve_threshold(args.thr, model),
+                               mask_feedback=args.mask_feedback, seed=args.seed, user_slots=slots)
         batch_fn = make_rclicks_batch_fn(
             model.segmenter, model.params, loaded.model,
             None if loaded.params is None else replicate(loaded.params, mesh),
-            config=config, user_clicks=user_clicks)
+            config=config, user_clicks=user_clicks, announce=running.startup_line)
     except ValueError as error:
-        raise common.CommandError(str(error)) from None
+        raise CommandError(str(error)) from None
     run_config = {"protocol": COMMAND, "model": args.model, "model_source": model.source,
                   "clickability": str(args.clickability), "clickability_source": loaded.source,
                   "clicks_csv": None if args.clicks_csv is None else str(pathlib.Path(args.clicks_csv).resolve()),
                   "settings": dataclasses.asdict(batch_fn.config)}
-    summary = common.run_protocol(args, instances=instances, batch_fn=batch_fn, config=run_config, model=model,
+    summary = running.run_protocol(args, instances=instances, batch_fn=batch_fn, config=run_config, model=model,
                                   finalize=finalize_record, mesh=mesh)
     records = [r for r in read_run_records(args.out) if r["dataset"] in {i.dataset for i in instances}]
     benchmarks = benchmark_by_dataset(records, threshold=args.target_iou, num_clicks=args.n_clicks)
@@ -228,8 +230,8 @@ def _run(args) -> int:
     except Exception as error:  # noqa: BLE001 - a figure must not hide the run's results
         print(f"jaxseg-robust {COMMAND}: warning: clicking-groups figure failed: {type(error).__name__}: {error}")
     table = to_markdown(benchmarks) if benchmarks else "(no instance evaluated)"
-    common.print_outcome(summary, table, files)
+    running.print_outcome(summary, table, files)
     recorded = recorded_counts(args.out)
     if recorded["ok"] == 0:
         return EXIT_FAILURE
-    return common.exit_code(summary, recorded["ok"])
+    return running.exit_code(summary, recorded["ok"])

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from jaxseg_robust.cli import EXIT_OK
-from jaxseg_robust.commands.prompt_common import report_error
+from jaxseg_robust.exit_codes import EXIT_OK
+from jaxseg_robust.commands.running import report_error
 
 COMMAND = "report"
 EPILOG = """\
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    """Writes the report; prints the written files; returns an exit code of `jaxseg_robust.cli`."""
+    """Writes the report; prints the written files; returns an exit code of `jaxseg_robust.exit_codes`."""
     from jaxseg_robust.reports.run_report import write_run_report  # noqa: PLC0415
 
     try:

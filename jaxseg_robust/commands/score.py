@@ -26,7 +26,9 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from jaxseg_robust.cli import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL
+from jaxseg_robust.commands.flags import add_flag, finite_float
+from jaxseg_robust.commands.running import report_error
+from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL
 from jaxseg_robust.data.examples import write_example_folders
 from jaxseg_robust.data.masks_io import (
     MaskReadError,
@@ -84,21 +86,19 @@ def register(subparsers) -> None:
         "--example", nargs="?", const=DEFAULT_EXAMPLE_DIR, default=None, metavar="DIR",
         help=f"write a deterministic example GT/pred folder pair to DIR (default ./{DEFAULT_EXAMPLE_DIR}) and score it",
     )
-    parser.add_argument(
-        "--dilation-ratio", type=float, default=DEFAULT_DILATION_RATIO,
-        help="boundary width as a fraction of the image diagonal (default %(default)s; d = max(1, round(ratio*diag)))",
-    )
+    add_flag(parser, "--dilation-ratio", type=finite_float, default=DEFAULT_DILATION_RATIO,
+             help="boundary width as a fraction of the image diagonal (default %(default)s; d = max(1, round(ratio*diag)))")
     parser.add_argument("--out", metavar="CSV",
                         help="write per-file scores to this CSV (with --example: DIR/scores.csv)")
-    parser.add_argument("--gt-rule", default=">128", help="foreground rule for GT masks (default %(default)s)")
-    parser.add_argument("--pred-rule", default=">128", help="foreground rule for predicted masks (default %(default)s)")
-    parser.add_argument("--gt-ignore", type=int, default=None, metavar="VALUE",
-                        help="GT pixel value to ignore (GrabCut/Berkeley: 128); default: none")
+    add_flag(parser, "--gt-rule", default=">128", help="foreground rule for GT masks (default %(default)s)")
+    add_flag(parser, "--pred-rule", default=">128", help="foreground rule for predicted masks (default %(default)s)")
+    add_flag(parser, "--gt-ignore", type=int, default=None, metavar="VALUE",
+             help="GT pixel value to ignore (GrabCut/Berkeley: 128); default: none")
     parser.set_defaults(func=run)
 
 
 def _error(message: str) -> None:
-    print(f"jaxseg-robust score: error: {message}", file=sys.stderr)
+    report_error("score", message)
 
 
 @functools.lru_cache(maxsize=None)
@@ -297,7 +297,7 @@ def write_csv(rows: list[dict], path) -> None:
 
 
 def run(args) -> int:
-    """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
+    """Runs the command; returns an exit code of `jaxseg_robust.exit_codes`."""
     if args.example is not None:
         if args.gt_dir or args.pred_dir:
             _error("--example takes no GT_DIR/PRED_DIR (give the output folder as --example DIR)")

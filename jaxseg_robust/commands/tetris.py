@@ -29,25 +29,31 @@ the per-instance, per-click IoU/BIoU to ``RUN_DIR/ious.csv`` (RITM's
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
 
-from jaxseg_robust.commands.prompt_common import (
+from jaxseg_robust.commands.flags import (
     DEVICE_EPILOG,
     CommandError,
-    LoadedModel,
     add_attack_step_flags,
     add_flag,
     add_mode_flag,
     add_protocol_parser,
     finite_float,
+    non_negative_int,
+    positive_int,
+)
+from jaxseg_robust.commands.loading import (
+    LoadedModel,
     load_instances,
     load_model_of,
     model_config,
-    non_negative_int,
-    positive_int,
-    run_prompt_command,
+    resolve_threshold,
+)
+from jaxseg_robust.commands.running import (
+    finish,
+    report_error,
     run_protocol,
+    start_processes,
     startup_line,
 )
 
@@ -55,7 +61,6 @@ COMMAND = "tetris"
 MODES = ("minmax", "min", "max", "baseline")
 DEFAULT_BATCH_SIZE = 4
 DEFAULT_BASELINE_CLICKS = 20  # RITM's NoC@80/85/90 budget
-TIMING_KEY = "_timing"  # batch output moved into RUN_DIR/timings*.jsonl by `finalize_payload`
 
 EPILOG = """\
 examples:
@@ -67,7 +72,7 @@ examples:
   jaxseg-robust tetris --model sam_tiny --folder my/images my/masks --n_clicks 3 --n_opt_steps 3 \\
       --limit 5 --out runs/smoke      (random-weight test model)
 
-Paper variants (spec §7.2): --n_opt_steps 10, --fixed-first-click, --acceptance paper.
+Paper variants (§7.2): --n_opt_steps 10, --fixed-first-click, --acceptance paper.
 --target-iou T adds NoC@T / >=K@T to the table (NoC@80/85/90 are always there); every
 trajectory runs all its clicks (no early stop: TETRIS runs RITM with target 1.01).
 Rerunning the same command resumes: finished instances are skipped, the table
@@ -94,9 +99,9 @@ def register(subparsers) -> None:
              help="clicks per trajectory (default %(default)s: AuC@10; use 20 with --mode baseline for NoC)")
     add_attack_step_flags(group, n_opt_steps=clicks.DEFAULT_N_OPT_STEPS, first_iterate="per click: the baseline click",
                           lr_mult=clicks.DEFAULT_LR_MULT, lr_scale="5 * sqrt(H^2 + W^2) / (400 sqrt 2)")
-    group.add_argument("--thresh", "--thr", dest="thresh", type=finite_float, default=clicks.DEFAULT_THRESHOLD,
-                       help="probability threshold of the masks and the clicker (default %(default)s; "
-                            "RITM models use 0.49)")
+    group.add_argument("--thresh", "--thr", dest="thresh", type=finite_float, default=None,
+                       help="probability threshold of the masks and the clicker (default: the model family's, "
+                            "0.5 for SAM; RITM models use 0.49)")
     add_flag(group, "--baseline-clicks", type=non_negative_int, default=None, metavar="N",
              help=f"attack modes: also run the baseline clicker for N clicks on the same embedding "
                   f"(default {DEFAULT_BASELINE_CLICKS}; 0 = off)")
@@ -135,19 +140,19 @@ def tetris_configs(args):
     Raises:
       CommandError: a bad value or combination, naming the flag.
     """
-    from jaxseg_robust.attacks.clicks import TetrisConfig  # noqa: PLC0415
+    from jaxseg_robust.attacks.clicks import DEFAULT_THRESHOLD, TetrisConfig  # noqa: PLC0415
     from jaxseg_robust.ops.render import DEFAULT_CLICK_RADIUS  # noqa: PLC0415
 
     if args.mode == "baseline" and args.baseline_clicks is not None:
         raise CommandError("--baseline-clicks applies to the attack modes; with --mode baseline use --n-clicks")
     if args.n_clicks < 2:
         raise CommandError(f"--n-clicks must be >= 2 (the AuC needs two clicks); got {args.n_clicks}")
-    if not 0.0 <= args.thresh < 1.0:
+    if args.thresh is not None and not 0.0 <= args.thresh < 1.0:
         raise CommandError(f"--thresh must be in [0, 1); got {args.thresh}")
     if args.target_iou is not None and not 0.0 < args.target_iou <= 1.0:
         raise CommandError(f"--target-iou must be in (0, 1]; got {args.target_iou}")
     baseline_clicks = DEFAULT_BASELINE_CLICKS if args.baseline_clicks is None else args.baseline_clicks
-    common = {"thr": args.thresh, "mask_input": args.mask_input,
+    common = {"thr": DEFAULT_THRESHOLD if args.thresh is None else args.thresh, "mask_input": args.mask_input,
               "radius": DEFAULT_CLICK_RADIUS if args.radius is None else args.radius}
     try:
         if args.mode == "baseline":
@@ -183,100 +188,23 @@ def protocol_config(args, model: LoadedModel, attack, baseline) -> dict:
 
 # ---- the batch function ----------------------------------------------------------------------
 
-def _click_batch_function_class():
-    from jaxseg_robust.attacks.clicks import (  # noqa: PLC0415
-        ATTACK_MODES,
-        ClickBatchFunction,
-        click_trajectory,
-        tetris_min_max,
-        trajectory_outputs,
-    )
-    import functools  # noqa: PLC0415
-    import time  # noqa: PLC0415
-
-    import jax  # noqa: PLC0415
-    import numpy as np  # noqa: PLC0415
-
-    class TetrisBatchFunction(ClickBatchFunction):
-        """`ClickBatchFunction` that also runs the baseline clicker on the attack's embedding, timed.
-
-        Outputs: ``{trajectory: trajectory_outputs}`` for each of "min", "max"
-        (the attack modes asked for) and "baseline" (when ``baseline`` is set),
-        plus ``TIMING_KEY``: ``{"batch_seconds", "batch_instances"}`` [B]
-        (host wall time of the jitted call, compile excluded; the number of
-        real instances in the batch). One embedding per image, one program per
-        bucket: compiled ahead of its first batch (`startup_line` says so,
-        ``announce``), so the timed call runs the compiled program only.
-        """
-
-        def __init__(self, segmenter, params, mode: str, attack, baseline, announce=None):
-            self.baseline = baseline
-            self.announce = announce
-            super().__init__(segmenter, params, mode, attack if attack is not None else baseline)
-            self._jitted = self._core
-            self._compiled: dict = {}
-            self._last_seconds = math.nan
-            self._core = self._timed_core
-
-        def _timed_core(self, params, *args):
-            leaves = jax.tree.leaves((params, args))
-            key = tuple((tuple(leaf.shape), str(leaf.dtype), str(getattr(leaf, "sharding", None)))
-                        for leaf in leaves)
-            compiled = self._compiled.get(key)
-            if compiled is None:
-                frame = args[2].shape[1:]  # gt [B, Hf, Wf]
-                if self.announce is not None:
-                    self.announce(f"compiling the TETRIS program ({self.mode}"
-                                  f"{' + baseline' if self.baseline is not None and self.mode != 'baseline' else ''}"
-                                  f") for bucket {frame[0]}x{frame[1]}, batch {args[2].shape[0]} (first batch) ...")
-                compiled = self._compiled[key] = self._jitted.lower(params, *args).compile()
-            start = time.perf_counter()
-            outputs = jax.block_until_ready(compiled(params, *args))
-            self._last_seconds = time.perf_counter() - start
-            return outputs
-
-        def __call__(self, batch) -> dict:
-            outputs = dict(super().__call__(batch))
-            valid = np.asarray(batch.instance_valid, bool)
-            outputs[TIMING_KEY] = {"batch_seconds": np.full(valid.shape, self._last_seconds, np.float64),
-                                   "batch_instances": np.full(valid.shape, int(valid.sum()), np.int64)}
-            return outputs
-
-        def _run(self, params, model_input, transform, gt, width):
-            self.traces += 1  # runs once per trace
-            features = self.segmenter.embed(params, model_input)
-            outputs = {}
-            if self.mode == "minmax":
-                attack = functools.partial(tetris_min_max, self.segmenter, params, config=self.config)
-                result = jax.vmap(attack)(features, transform, gt, width)  # leaves [B, 2, ...]
-                for index, name in enumerate(ATTACK_MODES):
-                    outputs[name] = trajectory_outputs(jax.tree.map(lambda leaf, i=index: leaf[:, i], result),
-                                                       self.config)
-            elif self.mode in ATTACK_MODES:
-                trajectory = functools.partial(click_trajectory, self.segmenter, params, config=self.config)
-                outputs[self.mode] = trajectory_outputs(jax.vmap(trajectory)(features, transform, gt, width),
-                                                        self.config)
-            if self.baseline is not None:
-                trajectory = functools.partial(click_trajectory, self.segmenter, params, config=self.baseline)
-                outputs["baseline"] = trajectory_outputs(jax.vmap(trajectory)(features, transform, gt, width),
-                                                         self.baseline)
-            return outputs
-
-    return TetrisBatchFunction
-
-
 def make_batch_function(model: LoadedModel, mode: str, attack, baseline, *, masks: bool = True, announce=None):
-    """The engine batch function: ``PaddedBatch -> {trajectory: outputs [B, ...]}`` (see `TetrisBatchFunction`).
+    """The engine batch function: the `jaxseg_robust.runner.program.BatchProgram` of a
+    `jaxseg_robust.attacks.clicks.ClickProtocol` (``{trajectory: outputs [B, ...]}``), timed.
 
     Args:
       masks: also output each trajectory's final binary mask (``mask`` [B, Hf, Wf]; `finalize_payload`
         moves it into a side file). An output only: the numbers are the same either way.
       announce: ``text -> None`` told before a bucket's program is compiled (None: silent).
     """
+    from jaxseg_robust.attacks.clicks import ClickProtocol  # noqa: PLC0415
+    from jaxseg_robust.runner.program import BatchProgram  # noqa: PLC0415
+
     if masks:
         attack = None if attack is None else dataclasses.replace(attack, return_mask=True)
         baseline = None if baseline is None else dataclasses.replace(baseline, return_mask=True)
-    return _click_batch_function_class()(model.segmenter, model.params, mode, attack, baseline, announce=announce)
+    protocol = ClickProtocol(attack=attack, minmax=mode == "minmax", baseline=baseline)
+    return BatchProgram(model.segmenter, model.params, protocol, announce=announce, timed=True)
 
 
 def clicks_per_instance(attack, baseline, mode: str) -> int:
@@ -295,6 +223,7 @@ def finalize_payload(run_dir, clicks: int, process_index: int = 0):
     these outputs existed, so records stay comparable across versions and resumes.
     """
     from jaxseg_robust.reports.artifacts import append_timing, store_masks, timing_line  # noqa: PLC0415
+    from jaxseg_robust.runner.program import TIMING_KEY  # noqa: PLC0415
 
     def finalize(instance, outputs) -> dict:
         payload = dict(outputs)
@@ -336,6 +265,9 @@ def execute(args) -> tuple:
     instances = load_instances(args)
     startup_line(f"loading {args.model} ...")
     model = load_model_of(args)
+    threshold = resolve_threshold(args.thresh, model)  # the family's unless --thresh says otherwise
+    attack, baseline = (None if config is None else dataclasses.replace(config, thr=threshold)
+                        for config in (attack, baseline))
     batch_fn = make_batch_function(model, args.mode, attack, baseline, announce=startup_line)
     config = protocol_config(args, model, attack, baseline)
     finalize = finalize_payload(args.out, clicks_per_instance(attack, baseline, args.mode), process_index_of(args))
@@ -348,5 +280,11 @@ def execute(args) -> tuple:
 
 
 def run(args) -> int:
-    """Runs the command; returns an exit code of `jaxseg_robust.cli`."""
-    return run_prompt_command(COMMAND, args, execute)
+    """Checks the flags, loads, runs into ``args.out`` and prints the table; returns an exit code of
+    `jaxseg_robust.exit_codes`."""
+    try:
+        start_processes(args)
+        summary, markdown, csv_text = execute(args)
+    except (CommandError, ValueError) as error:
+        return report_error(COMMAND, str(error))
+    return finish(COMMAND, args, summary, markdown, csv_text)

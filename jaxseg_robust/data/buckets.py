@@ -35,7 +35,6 @@ uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -49,6 +48,7 @@ from jaxseg_robust.data.instances import (
     InstanceError,
     validate_declared_size,
 )
+from jaxseg_robust.hashing import instance_seed
 
 Frame = tuple[int, int]
 
@@ -185,12 +185,6 @@ def chunks(members: Sequence, batch_size: int) -> list[tuple]:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     return [tuple(members[i: i + batch_size]) for i in range(0, len(members), batch_size)]
-
-
-def instance_seed(key: tuple[str, str]) -> int:
-    """A uint32 seed that depends only on the key ``(dataset, id)`` (first 4 bytes of its SHA-256)."""
-    digest = hashlib.sha256(f"{key[0]}\x00{key[1]}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
 
 
 @flax.struct.dataclass

@@ -35,7 +35,8 @@ from typing import Union
 
 import numpy as np
 
-IGNORE_LABEL = -1
+from jaxseg_robust.ops.labels import IGNORE_LABEL
+
 BACKGROUND_LABEL = 0
 OBJECT_LABEL = 1
 _GT_VALUES = (IGNORE_LABEL, BACKGROUND_LABEL, OBJECT_LABEL)

@@ -1,4 +1,6 @@
-"""User-drawn boxes: readers (BREPS PNG layout, simple CSV) and the BREPS aggregation (spec §4.9).
+"""User-drawn boxes: readers (BREPS PNG layout, simple CSV) and the BREPS aggregation (§4.9).
+
+Section numbers (§) refer to docs/protocols/breps.md.
 
 Two inputs:
 

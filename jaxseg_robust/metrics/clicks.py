@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxseg_robust.clicksim.sampling import sample_pixels
+from jaxseg_robust.ops.sampling import sample_pixels
 
 __all__ = [
     "NSS_EPS",

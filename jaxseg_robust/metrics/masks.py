@@ -9,7 +9,7 @@ Inputs (the same for every function here):
   * ``valid``: optional bool [..., H, W]; False marks *ignore* pixels (e.g. the
     128-valued band of GrabCut/Berkeley GT). Ignore pixels are left out of every
     count, and the GT boundary / contour is computed with them as background,
-    whatever ``gt`` holds there (spec §5: ``B_G = boundary(gt == 1)``).
+    whatever ``gt`` holds there (§5: ``B_G = boundary(gt == 1)``).
     A RITM-style GT in {-1, 0, 1} is converted with :func:`split_ignore_label`.
   * Leading axes are batch axes. Every array function is wrapped in ``jax.jit``
     with ``dilation_ratio`` and ``width`` static (Python numbers), so eager
@@ -23,7 +23,7 @@ Pixel counts are int32; ratios are float32. An empty denominator (e.g. both
 masks empty for IoU/BIoU) gives ``empty_value`` (default NaN, the reference
 wrappers' 0/0; pass 0.0 to emulate the COCO API / numba variants).
 
-Trimap IoU and F-measure (spec §3, project convention): contour ``X_1 =
+Trimap IoU and F-measure (§3, project convention): contour ``X_1 =
 mask_to_boundary(X, width=1)`` (pixels with an 8-neighbour outside the mask or
 the image); band ``X_d`` = ``X_1`` dilated by the (2d+1)^2 square.
 """
@@ -38,12 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxseg_robust.metrics.packed import boundary_band, ratio
 from jaxseg_robust.ops.morphology import (
     as_binary_mask,
     check_radius,
     count_packed,
     dilate_packed,
-    erode_packed,
     pack_rows,
     unpack_rows,
 )
@@ -68,6 +68,12 @@ def boundary_width(height: int, width: int, dilation_ratio: float = DEFAULT_DILA
         raise ValueError(f"dilation_ratio must be a finite number >= 0, got {dilation_ratio!r}")
     diagonal = math.sqrt(float(height) ** 2 + float(width) ** 2)
     return max(int(round(dilation_ratio * diagonal)), 1)
+
+
+def boundary_widths(sizes, dilation_ratio: float = DEFAULT_DILATION_RATIO) -> np.ndarray:
+    """Per-instance band widths `boundary_width` of int [B, 2] (H, W) sizes (host): int32[B]."""
+    sizes = np.asarray(sizes).reshape(-1, 2)
+    return np.array([boundary_width(int(h), int(w), dilation_ratio) for h, w in sizes], np.int32)
 
 
 def _resolve_width(shape, dilation_ratio: float, width: int | None) -> int:
@@ -138,18 +144,11 @@ def _prepare(gt, pred, valid) -> _Packed:
 
 
 def _boundary_words(words, width: int, height: int) -> jnp.ndarray:
-    return words & ~erode_packed(words, width, height, shape="square", border_value=False)
+    return boundary_band(words, int(width), height)
 
 
 def _split(stacked) -> tuple[jnp.ndarray, jnp.ndarray]:
     return stacked[..., 0, :, :], stacked[..., 1, :, :]
-
-
-def _ratio(numerator, denominator, empty_value) -> jnp.ndarray:
-    numerator = numerator.astype(jnp.float32)
-    denominator = denominator.astype(jnp.float32)
-    safe = jnp.where(denominator > 0, denominator, 1.0)
-    return jnp.where(denominator > 0, numerator / safe, jnp.asarray(empty_value, jnp.float32))
 
 
 def _iou_counts(packed: _Packed) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -167,7 +166,7 @@ def mask_to_boundary(mask, *, dilation_ratio: float = DEFAULT_DILATION_RATIO, wi
 
     ``B = M AND NOT erode_square(zero_pad(M), d)``: mask pixels within
     Chebyshev distance ``d`` of a background pixel or of the outside of the
-    image (spec §1 closed form; identical to OpenCV ``erode`` 3x3 with
+    image (§1 closed form; identical to OpenCV ``erode`` 3x3 with
     ``iterations=d`` on the 1-pixel zero-padded mask).
 
     Args:
@@ -198,14 +197,14 @@ def mask_iou(gt, pred, valid=None, *, empty_value: float = math.nan) -> jnp.ndar
     Returns:
       float32[...].
     """
-    return _ratio(*_iou_counts(_prepare(gt, pred, valid)), empty_value)
+    return ratio(*_iou_counts(_prepare(gt, pred, valid)), empty_value)
 
 
 def _boundary_iou_packed(packed: _Packed, d: int, empty_value) -> jnp.ndarray:
     boundary_gt, boundary_pred = _split(_boundary_words(packed.masks, d, packed.height))
     inter = count_packed(boundary_gt & boundary_pred & packed.valid)
     union = count_packed((boundary_gt | boundary_pred) & packed.valid)
-    return _ratio(inter, union, empty_value)
+    return ratio(inter, union, empty_value)
 
 
 @functools.partial(jax.jit, static_argnames=("dilation_ratio", "width"))
@@ -218,7 +217,7 @@ def boundary_iou(
     width: int | None = None,
     empty_value: float = math.nan,
 ) -> jnp.ndarray:
-    """Boundary IoU ``|B_G AND B_P AND V| / |(B_G OR B_P) AND V|`` (spec §2, §5).
+    """Boundary IoU ``|B_G AND B_P AND V| / |(B_G OR B_P) AND V|`` (§2, §5).
 
     ``B_X = mask_to_boundary(X, d)``; the GT boundary is formed with ignore
     pixels as background.
@@ -247,7 +246,7 @@ def min_iou_boundary_iou(
     width: int | None = None,
     empty_value: float = math.nan,
 ) -> jnp.ndarray:
-    """``min(mask IoU, Boundary IoU)``, the Boundary AP / PQ similarity (spec §2).
+    """``min(mask IoU, Boundary IoU)``, the Boundary AP / PQ similarity (§2).
 
     Each term is computed as in :func:`mask_iou` / :func:`boundary_iou` with
     ``empty_value`` substituted for an empty union; a NaN term makes the result NaN.
@@ -257,13 +256,13 @@ def min_iou_boundary_iou(
     """
     packed = _prepare(gt, pred, valid)
     d = _resolve_width(packed.shape, dilation_ratio, width)
-    return jnp.minimum(_ratio(*_iou_counts(packed), empty_value), _boundary_iou_packed(packed, d, empty_value))
+    return jnp.minimum(ratio(*_iou_counts(packed), empty_value), _boundary_iou_packed(packed, d, empty_value))
 
 
 def _trimap_iou_packed(packed: _Packed, band_gt, empty_value) -> jnp.ndarray:
     inter = count_packed(band_gt & packed.gt & packed.pred & packed.valid)
     union = count_packed(band_gt & (packed.gt | packed.pred) & packed.valid)
-    return _ratio(inter, union, empty_value)
+    return ratio(inter, union, empty_value)
 
 
 @functools.partial(jax.jit, static_argnames=("dilation_ratio", "width"))
@@ -276,7 +275,7 @@ def trimap_iou(
     width: int | None = None,
     empty_value: float = math.nan,
 ) -> jnp.ndarray:
-    """Trimap IoU ``|G_d AND G AND P| / |G_d AND (G OR P)|`` (spec §3; asymmetric).
+    """Trimap IoU ``|G_d AND G AND P| / |G_d AND (G OR P)|`` (§3; asymmetric).
 
     ``G_d`` is the GT contour dilated by the (2d+1)^2 square (a band of half
     width d on both sides of the contour); counts are restricted to ``valid``.
@@ -296,7 +295,7 @@ def trimap_iou(
 
 
 class BoundaryF(NamedTuple):
-    """Approximate boundary F-measure (spec §3) and its two parts, each float32[...]."""
+    """Approximate boundary F-measure (§3) and its two parts, each float32[...]."""
 
     f_measure: jnp.ndarray
     precision: jnp.ndarray
@@ -314,9 +313,9 @@ def _boundary_f_packed(packed: _Packed, contours, bands) -> BoundaryF:
     contour_gt, contour_pred = _split(contours)
     band_gt, band_pred = _split(bands)
     counted_pred = contour_pred & packed.valid
-    # 0/0 -> 1 gives the DAVIS-toolkit conventions of spec §3 for empty contours.
-    precision = _ratio(count_packed(counted_pred & band_gt), count_packed(counted_pred), 1.0)
-    recall = _ratio(count_packed(contour_gt & band_pred), count_packed(contour_gt), 1.0)
+    # 0/0 -> 1 gives the DAVIS-toolkit conventions of §3 for empty contours.
+    precision = ratio(count_packed(counted_pred & band_gt), count_packed(counted_pred), 1.0)
+    recall = ratio(count_packed(contour_gt & band_pred), count_packed(contour_gt), 1.0)
     total = precision + recall
     f = jnp.where(total > 0, 2.0 * precision * recall / jnp.where(total > 0, total, 1.0), 0.0)
     return BoundaryF(f, precision, recall)
@@ -331,7 +330,7 @@ def boundary_f_measure(
     dilation_ratio: float = DEFAULT_DILATION_RATIO,
     width: int | None = None,
 ) -> BoundaryF:
-    """Approximate boundary F-measure with duplicate matches allowed (spec §3).
+    """Approximate boundary F-measure with duplicate matches allowed (§3).
 
     ``p = |P_1 AND G_d| / |P_1|``, ``r = |G_1 AND P_d| / |G_1|``,
     ``F = 2 p r / (p + r)``; contours restricted to ``valid``. Empty contours:
@@ -387,7 +386,7 @@ def mask_scores(
     packed = _prepare(gt, pred, valid)
     d = _resolve_width(packed.shape, dilation_ratio, width)
     inter, union = _iou_counts(packed)
-    iou = _ratio(inter, union, empty_value)
+    iou = ratio(inter, union, empty_value)
     biou = _boundary_iou_packed(packed, d, empty_value)
     contours, bands = _contours_and_bands(packed, d)
     f = _boundary_f_packed(packed, contours, bands)

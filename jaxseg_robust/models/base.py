@@ -2,17 +2,27 @@
 
 A promptable model is split in three pure functions so that the expensive
 image encoder runs once per image and every prompt attack runs on cached
-features:
+features, plus the family's interactive state:
 
-  preprocess(image uint8[H, W, 3]) -> (model_input, Transform)
+  preprocess(image uint8[H, W, 3], *, frame_hw) -> (model_input, Transform)
   embed(params, model_input) -> Features            (once per image)
-  decode(params, features, prompts, transform) -> Prediction
+  decode(params, features, prompts, transform, *, multimask_output) -> Prediction
                                                     (cheap, differentiable
                                                      w.r.t. prompt coordinates)
+  feedback_shape(frame_hw) -> (h, w)                static shape of the map the
+                                                    model reads as Prompts.mask_logits
+  feedback(prediction) -> f32[h, w]                 what the model feeds itself for
+                                                    the next click
+  probability_threshold: float                      the family's decision threshold
+                                                    on sigmoid(logits)
 
+Protocols build no model-specific state: between clicks they pass
+``feedback(previous prediction)`` as ``Prompts.mask_logits`` (SAM: the
+selected low-res logits; a click-map model: its previous logits at the frame).
 Parameters are explicit pytrees handed to these functions; a model object
-carries only its static configuration, so it can be closed over by `jit`
-without baking weights in as constants.
+carries only its static configuration (frozen and hashable), so it can be
+closed over by `jit` without baking weights in as constants. See
+docs/ARCHITECTURE.md, "The Segmenter seam" and "How to add a model family".
 """
 
 from __future__ import annotations
@@ -75,20 +85,53 @@ class Prediction:
 
     @property
     def selected_low_res(self) -> jnp.ndarray:
-        """f32[h, w] low-resolution logits of the selected candidate."""
+        """f32[h, w] low-resolution logits of the selected candidate (SAM's feedback)."""
         return jnp.take(self.low_res_logits, self.index, axis=-3)
+
+
+def image_region(transform: Transform) -> jnp.ndarray:
+    """bool[Hf, Wf]: the pixels of the original image inside the transform's static frame."""
+    if transform.frame_hw is None:
+        raise ValueError("transform.frame_hw must be set")
+    frame_h, frame_w = transform.frame_hw
+    rows = jnp.arange(frame_h) < transform.original_hw[0]
+    cols = jnp.arange(frame_w) < transform.original_hw[1]
+    return rows[:, None] & cols[None, :]
+
+
+def unit_scale(transform: Transform) -> Transform:
+    """The transform with scale (1, 1): prompts are given in the model's (resized) frame."""
+    return transform.replace(scale_xy=jnp.ones_like(jnp.asarray(transform.scale_xy, jnp.float32)))
+
+
+SEGMENTER_MEMBERS = ("preprocess", "embed", "decode", "feedback_shape", "feedback", "probability_threshold")
+
+
+def check_segmenter(segmenter) -> None:
+    """ValueError naming every member of the Segmenter protocol that ``segmenter`` lacks."""
+    missing = [name for name in SEGMENTER_MEMBERS if not hasattr(segmenter, name)]
+    if missing:
+        raise ValueError(f"{type(segmenter).__name__} is not a Segmenter: it lacks {', '.join(missing)} "
+                         "(docs/ARCHITECTURE.md, 'The Segmenter seam')")
 
 
 @runtime_checkable
 class Segmenter(Protocol):
     """A promptable segmentation model, used functionally.
 
-    Implementations keep static configuration only; weights travel as the
-    explicit ``params`` pytree.
+    Implementations keep static configuration only (a frozen dataclass);
+    weights travel as the explicit ``params`` pytree.
+
+    Attributes:
+      probability_threshold: the family's decision threshold on
+        ``sigmoid(logits)``; protocols use it unless told otherwise (SAM
+        family 0.5, isegm click-map models 0.49).
     """
 
-    def preprocess(self, image) -> tuple[jnp.ndarray, Transform]:
-        """uint8[H, W, 3] image -> (model input, Transform)."""
+    probability_threshold: float
+
+    def preprocess(self, image, *, frame_hw: tuple[int, int] | None = None) -> tuple[jnp.ndarray, Transform]:
+        """uint8[H, W, 3] image -> (model input, Transform with ``frame_hw`` set; default (H, W))."""
 
     def embed(self, params: Params, model_input: jnp.ndarray) -> Features:
         """Runs the image encoder once; returns a cacheable feature pytree."""
@@ -102,4 +145,14 @@ class Segmenter(Protocol):
         *,
         multimask_output: bool = True,
     ) -> Prediction:
-        """Decodes one prompt set on cached features; differentiable in prompts."""
+        """Decodes one prompt set on cached features; differentiable in prompts.
+
+        ``prompts.mask_logits`` (read where ``has_mask``) is a map of
+        ``feedback_shape(transform.frame_hw)`` made by ``feedback``.
+        """
+
+    def feedback_shape(self, frame_hw: tuple[int, int]) -> tuple[int, int]:
+        """Static (h, w) of the feedback map ``decode`` reads as ``Prompts.mask_logits`` for a frame."""
+
+    def feedback(self, prediction: Prediction) -> jnp.ndarray:
+        """f32[h, w] the map the model feeds itself for the next click (pure, differentiable)."""

@@ -17,7 +17,6 @@ against the model it builds from the config (see `check_tree`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
@@ -27,6 +26,8 @@ from typing import Any, Mapping
 import numpy as np
 from flax import traverse_util
 
+from jaxseg_robust.hashing import file_sha256
+
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
@@ -35,15 +36,6 @@ PARAMS_NPZ = "params.npz"
 
 class StoreError(ValueError):
     """A model directory is missing, incomplete or does not match its model."""
-
-
-def file_sha256(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
-    """Hex SHA-256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _checkpointer():

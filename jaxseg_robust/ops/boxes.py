@@ -8,7 +8,7 @@ inclusive pixel indices (docs/protocols/breps.md §2.4).
 
 Everything is pure and jit/vmap/grad-safe. Where the reference produces a
 NaN or an infinity, the *values* here are the same IEEE values, but the
-gradients are made finite with the double-``where`` pattern (spec §8
+gradients are made finite with the double-``where`` pattern (§8
 pitfall 9): at identical boxes, zero-width/-height boxes, 0 x 0 boxes and
 X = 0 in the realism term, ``jax.grad`` returns finite numbers (torch returns
 NaN in several of these cases). Deviations from the torch gradient are
@@ -263,7 +263,7 @@ def complete_box_iou_loss(boxes1, boxes2, *, eps: float = CIOU_EPS) -> jnp.ndarr
 
 
 def breps_ciou_loss(box, tight, *, eps: float = CIOU_EPS, relu_box: bool = True) -> jnp.ndarray:
-    """The BREPS box distance X = nan_to_num(CIoU(relu(box), tight)) (spec §4.2).
+    """The BREPS box distance X = nan_to_num(CIoU(relu(box), tight)) (§4.2).
 
     ``relu`` on the optimised box is applied here when ``relu_box`` (the BREPS
     code's behaviour: negative coordinates clamp to 0 with zero gradient);
@@ -312,7 +312,7 @@ def gamma_log_prob(x, k=GAMMA_K, theta=GAMMA_THETA) -> jnp.ndarray:
 
 
 def breps_realism_log_prob(x, k=GAMMA_K, theta=GAMMA_THETA) -> jnp.ndarray:
-    """BREPS realism term log p(X) with the skip rule, finite-gradient (spec §4.3-4.4).
+    """BREPS realism term log p(X) with the skip rule, finite-gradient (§4.3-4.4).
 
     Returns `gamma_log_prob` where ``X > 0`` and 0 (term skipped, zero
     gradient) where ``X == 0`` — the reference drops ``-lambda log p`` when
@@ -345,7 +345,7 @@ def scale_boxes(boxes, sx, sy) -> jnp.ndarray:
     """Maps boxes into another frame: ``(x1 sx, y1 sy, x2 sx, y2 sy)``.
 
     Evaluation frame -> SAM resized frame uses the per-axis factors
-    ``sx = w'/W``, ``sy = h'/H`` (spec notation).
+    ``sx = w'/W``, ``sy = h'/H`` (notation).
 
     Args:
       boxes: [..., 4]; ints are upcast to f32.
@@ -409,7 +409,7 @@ def order_box_corners(boxes) -> jnp.ndarray:
 
 
 def clip_and_order_boxes(boxes, width, height) -> jnp.ndarray:
-    """The BREPS paper's box projection (``clip_and_order=True``, spec §7.2 row 7).
+    """The BREPS paper's box projection (``clip_and_order=True``, §7.2 row 7).
 
     Orders the corners (`order_box_corners`) and clips x to ``[0, width - 1]``
     and y to ``[0, height - 1]`` (inclusive pixel-index range of the frame the

@@ -9,7 +9,7 @@ Two renderers, both pure, jit- and vmap-safe:
   gradient.
 
 * `render_soft_disk` / `render_click_disk` / `render_soft_click_maps` replace
-  the pydiffvg filled circle that the TETRIS click attack renders (spec §2.2).
+  the pydiffvg filled circle that the TETRIS click attack renders (§2.2).
   pydiffvg averages 2x2 jittered samples per pixel (seed 0) under a box filter
   and obtains gradients w.r.t. the centre by edge sampling: its expected
   output is the *area* of the disk inside each pixel and its expected
@@ -58,7 +58,7 @@ from typing import Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 
-from jaxseg_robust.prompts.types import NEGATIVE_LABEL, POSITIVE_LABEL
+from jaxseg_robust.ops.labels import NEGATIVE_LABEL, POSITIVE_LABEL
 
 # Radius (pixels of the rendering grid) used by TETRIS for the SAM location
 # loss and by the RITM HRNet / SimpleClick checkpoints (``norm_radius``).

@@ -10,8 +10,11 @@ Conventions (see docs/ARCHITECTURE.md, "The Segmenter seam"):
     any pixel-centre offset its reference adds (SAM: +0.5);
   * labels: 1 positive click, 0 negative click, -1 an unused (padding) slot;
   * boxes are (x1, y1, x2, y2) in original-image pixels;
-  * ``mask_logits`` is a previous low-resolution logit map of the model
-    (SAM: 256x256), used only where ``has_mask`` is true.
+  * ``mask_logits`` is the model's own feedback map from the previous round
+    (``Segmenter.feedback`` of the previous `Prediction`, of shape
+    ``Segmenter.feedback_shape(frame)``: SAM's selected 256x256 low-res
+    logits, a click-map model's previous logits at the frame), used only where
+    ``has_mask`` is true.
 """
 
 from __future__ import annotations
@@ -20,9 +23,7 @@ import flax.struct
 import jax.numpy as jnp
 import numpy as np
 
-PADDING_LABEL = -1
-POSITIVE_LABEL = 1
-NEGATIVE_LABEL = 0
+from jaxseg_robust.ops.labels import NEGATIVE_LABEL, PADDING_LABEL, POSITIVE_LABEL
 
 
 @flax.struct.dataclass
@@ -35,8 +36,9 @@ class Prompts:
       box: f32[4] (x1, y1, x2, y2), original-image pixels; ignored unless
         ``has_box``.
       has_box: bool[] whether ``box`` is part of the prompt.
-      mask_logits: f32[h, w] previous low-resolution logits; ignored unless
-        ``has_mask``.
+      mask_logits: f32[h, w] the model's own feedback map from the previous
+        round (``Segmenter.feedback``; h, w = ``Segmenter.feedback_shape``);
+        ignored unless ``has_mask``.
       has_mask: bool[] whether ``mask_logits`` is part of the prompt.
     """
 
@@ -68,9 +70,10 @@ def make_prompts(
       points: array-like [n, 2] of (x, y) original-image pixels, or None.
       labels: array-like [n] of 0/1, or None (then all points are positive).
       box: array-like [4] (x1, y1, x2, y2), or None.
-      mask_logits: array-like ``mask_shape`` previous low-res logits, or None.
+      mask_logits: array-like ``mask_shape`` feedback map of the previous round, or None.
       num_slots: point slots N >= n (default: n, at least 1).
-      mask_shape: (h, w) of the model's low-resolution logits.
+      mask_shape: (h, w) of the model's feedback map (``Segmenter.feedback_shape``;
+        default SAM's 256 x 256).
 
     Returns:
       A `Prompts` with N slots; slots n..N-1 carry label -1.
@@ -125,3 +128,44 @@ def make_prompts(
         mask_logits=jnp.asarray(mask_arr),
         has_mask=jnp.asarray(has_mask),
     )
+
+
+# ---- builders inside jitted protocols (pure; every argument may be traced) -------------------
+
+def empty_prompts(mask_shape: tuple[int, int], num_slots: int = 0) -> Prompts:
+    """No click (``num_slots`` padding slots), no box, no mask input; ``mask_shape`` = ``Segmenter.feedback_shape``."""
+    return Prompts(points=jnp.zeros((num_slots, 2), jnp.float32),
+                   labels=jnp.full((num_slots,), PADDING_LABEL, jnp.int32),
+                   box=jnp.zeros((4,), jnp.float32), has_box=jnp.asarray(False),
+                   mask_logits=jnp.zeros(mask_shape, jnp.float32), has_mask=jnp.asarray(False))
+
+
+def click_prompts(points, labels, mask_logits, has_mask) -> Prompts:
+    """Clicks-only `Prompts`: points f32[N, 2] (x, y), labels i32[N] (-1 unused), the feedback map and its switch."""
+    return Prompts(points=points, labels=labels, box=jnp.zeros((4,), jnp.float32), has_box=jnp.asarray(False),
+                   mask_logits=mask_logits, has_mask=jnp.asarray(has_mask, bool))
+
+
+def box_prompts(box, mask_shape: tuple[int, int]) -> Prompts:
+    """A box-only `Prompts`: one padding point slot (label -1), ``has_box``, no mask input.
+
+    Args:
+      box: f32[4] (x1, y1, x2, y2).
+      mask_shape: static (h, w) of the model's feedback map (``Segmenter.feedback_shape``).
+    """
+    return empty_prompts(mask_shape, 1).replace(box=jnp.asarray(box, jnp.float32), has_box=jnp.asarray(True))
+
+
+def append_click(prefix: Prompts, point, label) -> Prompts:
+    """``prefix`` with one more point slot holding ``point`` (x, y) and ``label``; box and mask input kept.
+
+    The new click is the last point (SAM: the current click is the last point).
+    """
+    point = jnp.asarray(point, jnp.float32).reshape(1, 2)
+    label = jnp.asarray(label, jnp.int32).reshape(1)
+    return prefix.replace(points=jnp.concatenate([prefix.points, point], axis=0),
+                          labels=jnp.concatenate([prefix.labels, label], axis=0))
+
+
+__all__ = ["PADDING_LABEL", "POSITIVE_LABEL", "NEGATIVE_LABEL", "Prompts", "make_prompts", "empty_prompts",
+           "click_prompts", "box_prompts", "append_click"]

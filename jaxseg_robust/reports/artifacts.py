@@ -30,31 +30,18 @@ reports leave the mask overlays and the timing columns out.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
 import pathlib
-import re
 from collections.abc import Mapping
 
 import numpy as np
 
+from jaxseg_robust.hashing import file_stem
+
 MASKS_DIR = "masks"
 TIMINGS_GLOB = "timings*.jsonl"
-_PLAIN = re.compile(r"[A-Za-z0-9._-]+")
-
-
-def file_stem(text: str) -> str:
-    """``text`` itself when it is a plain file name (letters, digits, ``._-``), else a safe name + hash.
-
-    Distinct texts give distinct stems (``"a b"`` -> ``a_b-<8 hex>``, ``"a_b"`` -> ``a_b``).
-    """
-    text = str(text)
-    if _PLAIN.fullmatch(text) and text not in (".", ".."):
-        return text
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "x"
-    return f"{safe}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
 
 
 def mask_path(run_dir, key: tuple[str, str], name: str) -> pathlib.Path:

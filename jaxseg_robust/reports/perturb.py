@@ -36,7 +36,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxseg_robust.attacks.perturb.ensemble import CANDIDATE_LABELS, aggregate, battery_table
+from jaxseg_robust.attacks.perturb.ensemble import CANDIDATE_LABELS
+from jaxseg_robust.reports.perturb_scores import aggregate, battery_table
 from jaxseg_robust.attacks.perturb.common import per_image_scores
 from jaxseg_robust.reports import tables
 from jaxseg_robust.reports.report_files import report_folder

@@ -6,7 +6,7 @@ Records (``jaxseg-robust tetris``): one per instance, payload ``{trajectory:
 per-click ``iou``, ``biou``, ``clicks`` (row, col), ``is_positive``, ...) plus
 ``source`` (`jaxseg_robust.reports.sources`).
 
-Columns (docs/protocols/tetris.md §3.5; `attacks.clicks.trajectory_scores`), per dataset:
+Columns (docs/protocols/tetris.md §3.5; `reports.tetris_scores.trajectory_scores`), per dataset:
   iou_min / iou_max / iou_delta   IoU-AuC@K of the mean curve of the MIN / MAX
                                   run and MAX - MIN (TETRIS Table: K = 10);
   biou_*                          the same for Boundary IoU;
@@ -161,7 +161,7 @@ def _nan_curves(payloads: Sequence[Mapping], trajectory: str) -> list[dict]:
 def _dataset_values(payloads: Sequence[Mapping], trajectories: Sequence[str], auc_clicks: int,
                     noc_clicks: int, noc_thresholds: Sequence[float] = NOC_THRESHOLDS,
                     nof_thresholds: Sequence[float] = NOF_THRESHOLDS) -> dict[str, float]:
-    from jaxseg_robust.attacks.clicks import trajectory_scores  # noqa: PLC0415
+    from jaxseg_robust.reports.tetris_scores import trajectory_scores  # noqa: PLC0415
 
     values: dict[str, float] = {}
     if not payloads:

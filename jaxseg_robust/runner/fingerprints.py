@@ -38,10 +38,10 @@ from collections.abc import Iterable
 import jax
 import numpy as np
 
+from jaxseg_robust import hashing
 from jaxseg_robust.data.instances import AnyInstance, Instance, InstanceRef
 
 DATASET_FINGERPRINT_MODES = ("stat", "content")
-_CHUNK = 1 << 20
 
 
 def _hex(hasher) -> str:
@@ -68,17 +68,9 @@ def fingerprint_params(params) -> str:
     return _hex(hasher)
 
 
-def _hash_file_into(hasher, path: pathlib.Path) -> None:
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            hasher.update(chunk)
-
-
 def file_sha256(path) -> str:
-    """``"sha256:<hex>"`` of one file's bytes."""
-    hasher = hashlib.sha256()
-    _hash_file_into(hasher, pathlib.Path(path))
-    return _hex(hasher)
+    """``"sha256:<hex>"`` of one file's bytes (`jaxseg_robust.hashing.file_sha256`)."""
+    return f"sha256:{hashing.file_sha256(path)}"
 
 
 def fingerprint_path(path) -> str:
@@ -97,7 +89,7 @@ def fingerprint_path(path) -> str:
     for file in files:
         relative = file.relative_to(path).as_posix()
         hasher.update(f"{relative}|{file.stat().st_size}\n".encode())
-        _hash_file_into(hasher, file)
+        hashing.update_with_file(hasher, file)
     return _hex(hasher)
 
 

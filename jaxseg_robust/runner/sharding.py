@@ -15,13 +15,14 @@ affects only its share. See `jaxseg_robust.runner.engine` for the full recipe.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from jaxseg_robust.hashing import key_digest
 
 DATA_AXIS = "data"
 
@@ -165,5 +166,4 @@ def process_owns(key: tuple[str, str], process_index: int, process_count: int) -
         raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
     if process_count == 1:
         return True
-    digest = hashlib.sha256(f"{key[0]}\x00{key[1]}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") % process_count == process_index
+    return int.from_bytes(key_digest(key)[:8], "little") % process_count == process_index

@@ -1,6 +1,6 @@
 """L∞ image-perturbation attack battery of Halmosi et al. (ECCV'24), jitted and batched.
 
-Spec: docs/protocols/perturbation.md. Every attack takes a plain model
+Reference: docs/protocols/perturbation.md. Every attack takes a plain model
 ``logits_fn(params, images f32[B,H,W,3] in [0,1]) -> logits f32[B,H,W,C]`` and
 returns an :class:`AttackResult` (adversarial images, per-instance forward /
 backward counts, per-instance diagnostics).
@@ -9,7 +9,8 @@ Modules: ``common`` (result type, void policy, projection, per-image
 statistics), ``losses``, ``amsgrad`` (PyTorch-style AMSGrad for optax),
 ``padam`` (PAdam-CE/Cos), ``apgd`` (APGD core, radius schedules), ``sea``
 (SEA-BCE/MCE/JSD/MSL), ``dag``, ``alma_prox``, ``pdpgd``, ``ensemble``
-(battery, per-image worst case, dataset metrics).
+(battery, per-image worst case; the dataset scores of its records are in
+`jaxseg_robust.reports.perturb_scores`).
 """
 
 from jaxseg_robust.attacks.perturb.alma_prox import alma_prox
@@ -31,10 +32,7 @@ from jaxseg_robust.attacks.perturb.ensemble import (
     BatteryConfig,
     BatteryResult,
     Candidate,
-    aggregate,
-    battery_table,
     build_battery,
-    dataset_metrics,
     prediction_confusions,
     run_battery,
     select_worst,
@@ -53,15 +51,12 @@ __all__ = [
     "BatteryResult",
     "Candidate",
     "Stage",
-    "aggregate",
     "alma_prox",
     "apgd",
     "attack_targets",
-    "battery_table",
     "build_battery",
     "checkpoint_schedule",
     "dag",
-    "dataset_metrics",
     "image_confusions",
     "instance_keys",
     "padam",

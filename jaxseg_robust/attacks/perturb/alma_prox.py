@@ -1,4 +1,4 @@
-"""ALMA prox (Rony et al., CVPR'23), as adv-lib 0.2.8 ``attacks.segmentation.alma_prox`` (spec §4.2).
+"""ALMA prox (Rony et al., CVPR'23), as adv-lib 0.2.8 ``attacks.segmentation.alma_prox`` (§4.2).
 
 Per step i (0-based) of N: forward at x + δ; track the best iterate (smallest
 ‖δ‖∞ among iterates with >= 99 % of masked pixels misclassified, else the most
@@ -10,7 +10,7 @@ multipliers μ with the penalty derivative; gradient step on
 ``Σ A·P(g; ρ, μ)`` preconditioned by an RMS metric H; then the proximal
 operator of ``λ‖·‖∞ + box`` in metric H by ternary search.
 
-Numerics (spec §10.3): everything float32. The reference keeps μ, ρ and the
+Numerics (§10.3): everything float32. The reference keeps μ, ρ and the
 penalty in float64 but its δ-gradient, the RMS accumulator S and the
 constraints are float32, so float32 overflow of ``S`` (-> H = inf, the
 coordinate stops moving) happens in the reference too and is reproduced, not
@@ -25,6 +25,7 @@ otherwise a bracket difference < 1e-6).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -181,17 +182,160 @@ def decay_counts(mask_count, num_steps: int, fraction: float) -> jnp.ndarray:
     return jnp.floor(ratios[:, None] * base[None, :]).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "logits_fn", "num_steps", "lr_init", "lr_reduction", "mu_init", "rho_init", "check_steps", "tau", "gamma",
-    "alpha", "alpha_rms", "scale_min", "scale_max", "scale_init", "scale_gamma", "logit_tolerance",
-    "constraint_masking", "mask_decay", "threshold", "epsilon", "reference_quirks"))
-def alma_prox(logits_fn: LogitsFn, params, images, labels, mask, *, num_steps: int = 500, lr_init: float = 1e-4,
-              lr_reduction: float = 0.1, mu_init: float = 1.0, rho_init: float = 0.01, check_steps: int = 10,
-              tau: float = 0.95, gamma: float = 2.0, alpha: float = 0.8, alpha_rms: float | None = None,
-              scale_min: float = 0.1, scale_max: float = 1.0, scale_init: float = 1.0, scale_gamma: float = 0.02,
-              logit_tolerance: float = 1e-4, constraint_masking: bool = True, mask_decay: bool = True,
-              threshold: float = 0.99, epsilon: float | None = None, reference_quirks: bool = True) -> AttackResult:
-    """ALMA prox minimum-L∞-norm attack (defaults: C-R's call, ``lr_init = 1e-4``; Rony et al. use 1e-3).
+@dataclasses.dataclass(frozen=True)
+class AlmaConfig:
+    """Static settings of ALMA prox (defaults: C-R's call, ``lr_init = 1e-4``; Rony et al. use 1e-3).
+
+    Attributes:
+      num_steps .. mask_decay: adv-lib's hyperparameters (same names; Greek
+        letters spelled out; ``alpha_rms=None`` means ``alpha``).
+      threshold: fraction of masked pixels that must be misclassified.
+      epsilon: if not None, clip the result into x ± ε (battery behaviour).
+      reference_quirks: adv-lib's penalty derivative (see the module docstring).
+    """
+
+    num_steps: int = 500
+    lr_init: float = 1e-4
+    lr_reduction: float = 0.1
+    mu_init: float = 1.0
+    rho_init: float = 0.01
+    check_steps: int = 10
+    tau: float = 0.95
+    gamma: float = 2.0
+    alpha: float = 0.8
+    alpha_rms: float | None = None
+    scale_min: float = 0.1
+    scale_max: float = 1.0
+    scale_init: float = 1.0
+    scale_gamma: float = 0.02
+    logit_tolerance: float = 1e-4
+    constraint_masking: bool = True
+    mask_decay: bool = True
+    threshold: float = 0.99
+    epsilon: float | None = None
+    reference_quirks: bool = True
+
+    def __post_init__(self):
+        require_int(self.num_steps, "num_steps")
+        require_int(self.check_steps, "check_steps")
+        check_positive(self.lr_init, "lr_init")
+        if self.epsilon is not None:
+            check_positive(self.epsilon, "epsilon")
+
+
+class _AlmaConstants(NamedTuple):
+    """Per-call constants of the loop (built once by `alma_prox_attack`)."""
+
+    images: jnp.ndarray
+    labels: jnp.ndarray
+    mask: jnp.ndarray
+    counts: jnp.ndarray
+    fixed_count: jnp.ndarray
+    k_max: int
+    rms_corrections: jnp.ndarray
+    tangent_factor: object
+    lower: jnp.ndarray
+    upper: jnp.ndarray
+
+
+def _alma_forward(logits_fn, params, c: _AlmaConstants, config: AlmaConfig, delta, state: _AlmaState, i):
+    """adv-lib's surrogate ``Σ A·P'(g)·g`` of step ``i`` (its gradient is adv-lib's backward) and the new multipliers."""
+    logits = logits_fn(params, c.images + delta)
+    constraint_raw = losses.difference_of_logits_ratio(logits, c.labels, config.logit_tolerance)
+    pred_adv = lax.stop_gradient(jnp.argmax(logits, axis=-1) != c.labels)
+    fraction = success_fraction(pred_adv, c.mask)
+    is_adv = fraction >= config.threshold
+    scale = jnp.clip(state.scale / jnp.where(is_adv, jnp.float32(1 + config.scale_gamma),
+                                             jnp.float32(1 - config.scale_gamma)), config.scale_min, config.scale_max)
+    constraints = batch_view(scale, 3) * constraint_raw
+    g = lax.stop_gradient(constraints)
+    if config.constraint_masking:
+        k = c.counts[i] if config.mask_decay else c.fixed_count
+        active = kth_largest_mask(g, c.mask, k, c.k_max)
+    else:
+        active = c.mask
+    seen = state.pixel_adv_seen | pred_adv
+    check = (i > 0) & ((i + 1) % config.check_steps == 0)
+    improved = jnp.where(active, g, 0.0) <= jnp.float32(config.tau) * state.prev_constraints
+    rho = jnp.where(check & ~(seen | improved), jnp.float32(config.gamma) * state.rho, state.rho)
+    prev = jnp.where((i == 0) | check, g, state.prev_constraints)
+    seen = jnp.where(check, False, seen)
+    derivative_old = penalty_derivative(g, rho, state.mu, reference_quirks=config.reference_quirks)
+    mu_target = jnp.where(active, derivative_old, 0.0)
+    mu_blend = jnp.clip(state.mu + jnp.float32(1 - config.alpha) * (mu_target - state.mu), 1e-12, 1.0)
+    mu = jnp.where(i > 0, mu_blend, state.mu)
+    coefficient = jnp.where(active, penalty_derivative(g, rho, mu, reference_quirks=config.reference_quirks), 0.0)
+    surrogate = jnp.sum(coefficient * constraints)  # gradient = Σ A·P'(g)·∂g/∂δ, adv-lib's backward
+    aux = dict(fraction=fraction, is_adv=is_adv, scale=scale, rho=rho, mu=mu, prev=prev, seen=seen)
+    return surrogate, aux
+
+
+def _alma_step(logits_fn, params, c: _AlmaConstants, config: AlmaConfig, i, state: _AlmaState) -> _AlmaState:
+    """One ALMA prox iteration: track the best iterate, then an RMSProp step and the L∞ box prox."""
+    num_steps, lr_init, alpha_rms = config.num_steps, config.lr_init, _alpha_rms(config)
+    dist = linf_norm(state.delta)
+    forward = functools.partial(_alma_forward, logits_fn, params, c, config)
+    (_, aux), grad = jax.value_and_grad(forward, has_aux=True)(state.delta, state, i)
+    fraction, is_adv = aux["fraction"], aux["is_adv"]
+    # step_found: first success before N // 2 (update before found, as adv-lib)
+    step_found = jnp.where((i < num_steps // 2) & ~state.found & is_adv, i.astype(jnp.float32), state.step_found)
+    output, best_dist, best_fraction, found, _ = track_best(
+        state.output, state.best_dist, state.best_fraction, state.found, c.images + state.delta, dist, fraction,
+        config.threshold)
+    if c.tangent_factor is not None:
+        tangent = c.tangent_factor * jnp.maximum(num_steps - step_found, 1.0)
+        decay = tangent / (jnp.maximum(i - step_found, 0.0) + tangent)
+        step = jnp.float32(lr_init) * decay
+    else:
+        step = jnp.full(c.images.shape[0], lr_init, jnp.float32)
+    square_avg = state.square_avg * jnp.float32(alpha_rms) + jnp.float32(1 - alpha_rms) * (grad * grad)
+    metric = jnp.maximum(jnp.sqrt(square_avg / c.rms_corrections[i]), 1e-8)
+    delta = state.delta - grad * (batch_view(step, 4) / metric)
+    delta = prox_linf_box(delta, c.lower, c.upper, metric, step)
+    return _AlmaState(delta=delta, square_avg=square_avg, mu=aux["mu"], rho=aux["rho"], scale=aux["scale"],
+                      pixel_adv_seen=aux["seen"], prev_constraints=aux["prev"], best_dist=best_dist,
+                      best_fraction=best_fraction, found=found, step_found=step_found, output=output)
+
+
+def _alpha_rms(config: AlmaConfig) -> float:
+    return config.alpha if config.alpha_rms is None else config.alpha_rms
+
+
+@functools.partial(jax.jit, static_argnames=("logits_fn", "config"))
+def alma_prox_attack(logits_fn: LogitsFn, params, images, labels, mask, config: AlmaConfig) -> AttackResult:
+    """ALMA prox minimum-L∞-norm attack with a static `AlmaConfig` (see `alma_prox`)."""
+    check_attack_inputs(images, labels, mask)
+    num_steps, threshold = config.num_steps, config.threshold
+    images = images.astype(jnp.float32)
+    batch = images.shape[0]
+    mask_count = count_pixels(mask)
+    lr_reduction = config.lr_reduction
+    constants = _AlmaConstants(
+        images=images, labels=labels, mask=mask, counts=decay_counts(mask_count, num_steps, 1 - threshold),
+        fixed_count=jnp.floor(jnp.float32(1 - threshold) * mask_count.astype(jnp.float32)).astype(jnp.int32),
+        k_max=max(1, int(math.floor((1 - threshold) * mask.shape[1] * mask.shape[2])) + 1),
+        rms_corrections=table([1 - _alpha_rms(config) ** (i + 1) for i in range(num_steps)]),
+        tangent_factor=jnp.float32(lr_reduction / (1 - lr_reduction)) if lr_reduction != 1 else None,
+        lower=-images, upper=1.0 - images)
+    pixels = mask.shape
+    initial = _AlmaState(
+        delta=jnp.zeros_like(images), square_avg=jnp.zeros_like(images),
+        mu=jnp.full(pixels, config.mu_init, jnp.float32), rho=jnp.full(pixels, config.rho_init, jnp.float32),
+        scale=jnp.full(batch, config.scale_init, jnp.float32), pixel_adv_seen=jnp.zeros(pixels, bool),
+        prev_constraints=jnp.zeros(pixels, jnp.float32), best_dist=jnp.full(batch, jnp.inf, jnp.float32),
+        best_fraction=jnp.zeros(batch, jnp.float32), found=jnp.zeros(batch, bool),
+        step_found=jnp.full(batch, num_steps // 2, jnp.float32), output=images)
+    final = lax.fori_loop(0, num_steps, functools.partial(_alma_step, logits_fn, params, constants, config), initial)
+    output = final.output if config.epsilon is None else clip_to_ball(final.output, images, config.epsilon)
+    count = jnp.full(batch, num_steps, jnp.int32)
+    info = {"success": final.found, "best_linf": jnp.where(final.found, final.best_dist, jnp.inf),
+            "best_fraction": final.best_fraction}
+    return AttackResult(images=output, forwards=count, backwards=count, info=info)
+
+
+def alma_prox(logits_fn: LogitsFn, params, images, labels, mask, config: AlmaConfig | None = None,
+              **settings) -> AttackResult:
+    """ALMA prox minimum-L∞-norm attack (docs/protocols/perturbation.md; defaults: `AlmaConfig`).
 
     Args:
       logits_fn: ``(params, f32[B,H,W,3]) -> f32[B,H,W,C]`` (static), C >= 3.
@@ -199,95 +343,17 @@ def alma_prox(logits_fn: LogitsFn, params, images, labels, mask, *, num_steps: i
       images: f32[B, H, W, 3] clean images in [0, 1].
       labels: int[B, H, W] labels in [0, C).
       mask: bool[B, H, W] attacked pixels (void excluded).
-      num_steps .. mask_decay: adv-lib's hyperparameters (same names; Greek
-        letters spelled out; ``alpha_rms=None`` means ``alpha``).
-      threshold: fraction of masked pixels that must be misclassified.
-      epsilon: if not None, clip the result into x ± ε (battery behaviour).
-      reference_quirks: adv-lib's penalty derivative (see module docstring).
+      config: the `AlmaConfig` (default: the defaults).
+      **settings: `AlmaConfig` fields overriding ``config`` (e.g. ``num_steps=100``).
 
     Returns:
       AttackResult (forwards = backwards = N); info: ``success`` bool[B],
       ``best_linf`` f32[B] (‖δ‖∞ of the returned iterate before clipping; inf
       if none succeeded), ``best_fraction`` f32[B] (its misclassified fraction).
+
+    Raises:
+      ValueError: a bad setting or input (naming it).
     """
-    check_attack_inputs(images, labels, mask)
-    num_steps = require_int(num_steps, "num_steps")
-    require_int(check_steps, "check_steps")
-    check_positive(lr_init, "lr_init")
-    images = images.astype(jnp.float32)
-    batch = images.shape[0]
-    alpha_rms = alpha if alpha_rms is None else alpha_rms
-    mask_count = count_pixels(mask)
-    k_max = max(1, int(math.floor((1 - threshold) * mask.shape[1] * mask.shape[2])) + 1)
-    counts = decay_counts(mask_count, num_steps, 1 - threshold)
-    fixed_count = jnp.floor(jnp.float32(1 - threshold) * mask_count.astype(jnp.float32)).astype(jnp.int32)
-    rms_corrections = table([1 - alpha_rms ** (i + 1) for i in range(num_steps)])
-    tangent_factor = jnp.float32(lr_reduction / (1 - lr_reduction)) if lr_reduction != 1 else None
-    lower, upper = -images, 1.0 - images
+    config = dataclasses.replace(AlmaConfig() if config is None else config, **settings)
+    return alma_prox_attack(logits_fn, params, images, labels, mask, config)
 
-    def forward(delta, state: _AlmaState, i):
-        logits = logits_fn(params, images + delta)
-        constraint_raw = losses.difference_of_logits_ratio(logits, labels, logit_tolerance)
-        pred_adv = lax.stop_gradient(jnp.argmax(logits, axis=-1) != labels)
-        fraction = success_fraction(pred_adv, mask)
-        is_adv = fraction >= threshold
-        scale = jnp.clip(state.scale / jnp.where(is_adv, jnp.float32(1 + scale_gamma), jnp.float32(1 - scale_gamma)),
-                         scale_min, scale_max)
-        constraints = batch_view(scale, 3) * constraint_raw
-        g = lax.stop_gradient(constraints)
-        if constraint_masking:
-            k = counts[i] if mask_decay else fixed_count
-            active = kth_largest_mask(g, mask, k, k_max)
-        else:
-            active = mask
-        seen = state.pixel_adv_seen | pred_adv
-        check = (i > 0) & ((i + 1) % check_steps == 0)
-        improved = jnp.where(active, g, 0.0) <= jnp.float32(tau) * state.prev_constraints
-        rho = jnp.where(check & ~(seen | improved), jnp.float32(gamma) * state.rho, state.rho)
-        prev = jnp.where((i == 0) | check, g, state.prev_constraints)
-        seen = jnp.where(check, False, seen)
-        derivative_old = penalty_derivative(g, rho, state.mu, reference_quirks=reference_quirks)
-        mu_target = jnp.where(active, derivative_old, 0.0)
-        mu_blend = jnp.clip(state.mu + jnp.float32(1 - alpha) * (mu_target - state.mu), 1e-12, 1.0)
-        mu = jnp.where(i > 0, mu_blend, state.mu)
-        coefficient = jnp.where(active, penalty_derivative(g, rho, mu, reference_quirks=reference_quirks), 0.0)
-        surrogate = jnp.sum(coefficient * constraints)  # gradient = Σ A·P'(g)·∂g/∂δ, adv-lib's backward
-        aux = dict(fraction=fraction, is_adv=is_adv, scale=scale, rho=rho, mu=mu, prev=prev, seen=seen)
-        return surrogate, aux
-
-    def body(i, state: _AlmaState) -> _AlmaState:
-        dist = linf_norm(state.delta)
-        (_, aux), grad = jax.value_and_grad(forward, has_aux=True)(state.delta, state, i)
-        fraction, is_adv = aux["fraction"], aux["is_adv"]
-        # step_found: first success before N // 2 (update before found, as adv-lib)
-        step_found = jnp.where((i < num_steps // 2) & ~state.found & is_adv, i.astype(jnp.float32), state.step_found)
-        output, best_dist, best_fraction, found, _ = track_best(
-            state.output, state.best_dist, state.best_fraction, state.found, images + state.delta, dist, fraction,
-            threshold)
-        if tangent_factor is not None:
-            tangent = tangent_factor * jnp.maximum(num_steps - step_found, 1.0)
-            decay = tangent / (jnp.maximum(i - step_found, 0.0) + tangent)
-            step = jnp.float32(lr_init) * decay
-        else:
-            step = jnp.full(batch, lr_init, jnp.float32)
-        square_avg = state.square_avg * jnp.float32(alpha_rms) + jnp.float32(1 - alpha_rms) * (grad * grad)
-        metric = jnp.maximum(jnp.sqrt(square_avg / rms_corrections[i]), 1e-8)
-        delta = state.delta - grad * (batch_view(step, 4) / metric)
-        delta = prox_linf_box(delta, lower, upper, metric, step)
-        return _AlmaState(delta=delta, square_avg=square_avg, mu=aux["mu"], rho=aux["rho"], scale=aux["scale"],
-                          pixel_adv_seen=aux["seen"], prev_constraints=aux["prev"], best_dist=best_dist,
-                          best_fraction=best_fraction, found=found, step_found=step_found, output=output)
-
-    pixels = mask.shape
-    initial = _AlmaState(
-        delta=jnp.zeros_like(images), square_avg=jnp.zeros_like(images), mu=jnp.full(pixels, mu_init, jnp.float32),
-        rho=jnp.full(pixels, rho_init, jnp.float32), scale=jnp.full(batch, scale_init, jnp.float32),
-        pixel_adv_seen=jnp.zeros(pixels, bool), prev_constraints=jnp.zeros(pixels, jnp.float32),
-        best_dist=jnp.full(batch, jnp.inf, jnp.float32), best_fraction=jnp.zeros(batch, jnp.float32),
-        found=jnp.zeros(batch, bool), step_found=jnp.full(batch, num_steps // 2, jnp.float32), output=images)
-    final = lax.fori_loop(0, num_steps, body, initial)
-    output = final.output if epsilon is None else clip_to_ball(final.output, images, check_positive(epsilon, "epsilon"))
-    count = jnp.full(batch, num_steps, jnp.int32)
-    info = {"success": final.found, "best_linf": jnp.where(final.found, final.best_dist, jnp.inf),
-            "best_fraction": final.best_fraction}
-    return AttackResult(images=output, forwards=count, backwards=count, info=info)

@@ -1,5 +1,7 @@
 """PyTorch-style AMSGrad (``torch.optim.Adam(amsgrad=True)``) as an optax GradientTransformation.
 
+Section numbers (§) refer to docs/protocols/perturbation.md.
+
 PyTorch's update at step t (1-based), per element, no weight decay:
 
     m     <- m + (1 - β1)·(g - m)                   # lerp, = β1·m + (1-β1)·g
@@ -13,7 +15,7 @@ moment, ``v̂_max <- max(v̂_max, v / (1 - β2^t))``, and divides by
 ``sqrt(v̂_max + eps_root) + eps``. Because ``1/(1 - β2^t)`` decreases with t, the
 two maxima differ whenever the raw moment shrinks (PyTorch's denominator
 then keeps shrinking with the bias correction while optax's stays at its old
-maximum). PAdam (spec §2.2) is defined by the PyTorch version.
+maximum). PAdam (§2.2) is defined by the PyTorch version.
 
 Bias corrections are computed in float32 from the step count here, as
 ``-expm1(t·ln β)`` (PyTorch computes ``1 - β^t`` as Python doubles): a relative

@@ -1,5 +1,7 @@
 """APGD core with checkpoints, momentum and restarts from the best point; multi-stage radius schedules.
 
+Section numbers (§) refer to docs/protocols/perturbation.md.
+
 Spec §3.1-§3.5 (C-R ``rse/_sea.py`` / C-S1 ``apgd_train`` + ``apgd_largereps``).
 One *stage* is one APGD run ``APGD(r, n, x0, L_opt, L_trk)``; a schedule is a
 sequence of stages ((2ε, 90), (1.5ε, 90), (ε, 120) for SEA's progressive
@@ -57,7 +59,7 @@ STEP_SIZE_FACTOR = 2.0  # α: initial step 2·r
 
 
 def checkpoint_schedule(num_iterations: int) -> list[tuple[int, int]]:
-    """APGD checkpoints ``(i, k)`` of an n-iteration run (0-based iteration i, window k), spec §3.1.
+    """APGD checkpoints ``(i, k)`` of an n-iteration run (0-based iteration i, window k), §3.1.
 
     ``k0 = max(⌊0.22n⌋, 1)``, ``k_min = max(⌊0.06n⌋, 1)``, ``k_dec = max(⌊0.03n⌋, 1)``;
     a checkpoint falls where the step counter reaches k, then
@@ -129,7 +131,7 @@ def _event_tables(stages: Sequence[Stage], epsilon: float) -> _Events:
 
 
 def optimized_pixel_loss(name: str, logits, labels, mask, segpgd_weight) -> jnp.ndarray:
-    """Per-pixel optimised loss f32[B, H, W] (spec §3.4), zero outside ``mask`` after :func:`losses.image_mean`."""
+    """Per-pixel optimised loss f32[B, H, W] (§3.4), zero outside ``mask`` after :func:`losses.image_mean`."""
     if name == "balanced_ce":
         return losses.balanced_cross_entropy(logits, labels, mask, segpgd_weight)
     if name == "masked_ce":
@@ -178,7 +180,7 @@ class _State(NamedTuple):
 def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str, track_loss: str, epsilon: float,
          stages: tuple[Stage, ...], early_stop: bool, accept_if_improved: bool = False,
          reference_quirks: bool = True) -> AttackResult:
-    """APGD over a radius schedule (spec §3.1-§3.2), maximising a masked per-pixel loss.
+    """APGD over a radius schedule (§3.1-§3.2), maximising a masked per-pixel loss.
 
     Args:
       logits_fn: ``(params, f32[B,H,W,3]) -> f32[B,H,W,C]`` (static).
@@ -219,114 +221,29 @@ def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str, 
 
     images = images.astype(jnp.float32)
     batch, height, width = labels.shape
-    num_pixels = height * width
     events = _event_tables(stages, epsilon)
-    num_events = len(events.stage)
-    history_length = max(stage.num_iterations for stage in stages)
-    tables = jax.tree.map(jnp.asarray, events)
     valid_count = count_pixels(mask)
-    void_count = num_pixels - valid_count
-    random_start = uniform_start(keys, images, stages[0].scale * epsilon)
 
     def objective(points, segpgd_weight):
         logits = logits_fn(params, points)
         per_image = losses.image_mean(optimized_pixel_loss(loss, logits, labels, mask, segpgd_weight), mask)
         return jnp.sum(per_image), logits
 
-    value_and_grad = jax.value_and_grad(objective, has_aux=True)
-
-    def accuracy(correct, at_start):
-        if reference_quirks:
-            counted = jnp.where(at_start, correct, correct + void_count)
-            return counted.astype(jnp.float32) / num_pixels
-        return correct.astype(jnp.float32) / jnp.maximum(valid_count, 1).astype(jnp.float32)
-
-    def body(state: _State) -> _State:
-        e = state.event
-        row = jax.tree.map(lambda column: column[e], tables)
-        is_start, local, radius = row.is_start, row.local, row.radius
-        view = lambda values: batch_view(values, 4)
-
-        # Candidate point: the stage's start, or one APGD step from the current iterate.
-        start_point = jnp.where(row.stage == 0, random_start, project_linf(state.x_best_adv, images, radius))
-        u = project_linf(state.xa + view(state.step_size) * jnp.sign(state.grad), images, radius)
-        stepped = project_linf(state.xa + (u - state.xa) * row.momentum + (state.xa - state.xa_prev)
-                               * (1.0 - row.momentum), images, radius)
-        point = jnp.where(is_start, start_point, stepped)
-
-        (_, logits), grad = value_and_grad(point, row.segpgd_weight)
-        tracked = losses.image_mean(tracked_pixel_loss(track_loss, logits, labels, mask), mask)
-        correct = count_pixels(correct_pixels(logits, labels, mask))
-        acc = accuracy(correct, is_start)
-
-        frozen = early_stop & (state.acc_best <= 0.0)
-        active = is_start | (local == 0) | ~frozen
-
-        # Iteration update (ignored at a start event).
-        improved_acc = acc <= state.acc_best
-        x_best_adv = jnp.where(view(improved_acc), point, state.x_best_adv)
-        correct_best = jnp.where(improved_acc, correct, state.correct_best)
-        acc_best = jnp.minimum(state.acc_best, acc)
-        history = state.history.at[jnp.maximum(local, 0)].set(tracked)
-        better = tracked > state.loss_best
-        x_best = jnp.where(view(better), point, state.x_best)
-        new_grad = jnp.where(row.needs_grad, grad, state.grad)
-        grad_best = jnp.where(view(better), new_grad, state.grad_best)
-        loss_best = jnp.where(better, tracked, state.loss_best)
-
-        # Checkpoint: oscillation / stall test, halve the step and restart from the best point.
-        index = jnp.arange(history_length)[:, None]
-        previous = jnp.concatenate([jnp.zeros((1, batch), history.dtype), history[:-1]], axis=0)
-        in_window = (index >= local - row.window + 1) & (index <= local)
-        increases = jnp.sum(in_window & (history > previous), axis=0)
-        oscillating = increases.astype(jnp.float32) <= row.window.astype(jnp.float32) * OSCILLATION_THRESHOLD
-        stalled = ~state.reduced_last_check & (state.loss_best_last_check >= loss_best)
-        flag = row.checkpoint & (oscillating | stalled)
-        reduced_last_check = jnp.where(row.checkpoint, flag, state.reduced_last_check)
-        loss_best_last_check = jnp.where(row.checkpoint, loss_best, state.loss_best_last_check)
-        step_size = jnp.where(flag, state.step_size / 2.0, state.step_size)
-        xa = jnp.where(view(flag), x_best, point)
-        grad_next = jnp.where(view(flag), grad_best, new_grad)
-
-        iterated = _State(
-            event=e, xa=xa, xa_prev=state.xa, grad=grad_next, x_best=x_best, grad_best=grad_best,
-            x_best_adv=x_best_adv, loss_best=loss_best, loss_best_last_check=loss_best_last_check,
-            reduced_last_check=reduced_last_check, step_size=step_size, acc_best=acc_best,
-            correct_best=correct_best, history=history, forwards=state.forwards, backwards=state.backwards)
-        started = _State(
-            event=e, xa=point, xa_prev=point, grad=grad, x_best=point, grad_best=grad, x_best_adv=point,
-            loss_best=tracked, loss_best_last_check=tracked, reduced_last_check=jnp.ones_like(flag),
-            step_size=jnp.full_like(state.step_size, STEP_SIZE_FACTOR) * radius, acc_best=acc,
-            correct_best=correct, history=jnp.zeros_like(history), forwards=state.forwards,
-            backwards=state.backwards)
-
-        fields = {}
-        for name in _State._fields[1:-2]:
-            new_leaf = jnp.where(is_start, getattr(started, name), getattr(iterated, name))
-            # Per-image leaves have the batch first; the loss history is [n_max, B].
-            take = active[None, :] if name == "history" else batch_view(active, new_leaf.ndim)
-            fields[name] = jnp.where(take, new_leaf, getattr(state, name))
-        forwards = state.forwards + active.astype(jnp.int32)
-        backwards = state.backwards + (active & row.needs_grad).astype(jnp.int32)
-
-        # Next event; jump to the next stage's start when every image is frozen (reference batch break).
-        following = e + 1
-        following_clipped = jnp.minimum(following, num_events - 1)
-        next_row_start = tables.is_start[following_clipped] | (tables.local[following_clipped] == 0)
-        all_frozen = early_stop & jnp.all(fields["acc_best"] <= 0.0)
-        jump = (following < num_events) & ~next_row_start & all_frozen
-        next_event = jnp.where(jump, tables.next_start[following_clipped], following)
-        return _State(event=next_event, forwards=forwards, backwards=backwards, **fields)
-
+    ctx = _Context(images=images, labels=labels, mask=mask, tables=jax.tree.map(jnp.asarray, events),
+                   num_events=len(events.stage), history_length=max(stage.num_iterations for stage in stages),
+                   valid_count=valid_count, void_count=height * width - valid_count, num_pixels=height * width,
+                   random_start=uniform_start(keys, images, stages[0].scale * epsilon),
+                   value_and_grad=jax.value_and_grad(objective, has_aux=True), track_loss=track_loss,
+                   early_stop=early_stop, reference_quirks=reference_quirks)
     zeros_image = jnp.zeros_like(images)
     zeros_batch = jnp.zeros(batch, jnp.float32)
     initial = _State(
         event=jnp.zeros([], jnp.int32), xa=zeros_image, xa_prev=zeros_image, grad=zeros_image, x_best=zeros_image,
         grad_best=zeros_image, x_best_adv=images, loss_best=zeros_batch, loss_best_last_check=zeros_batch,
         reduced_last_check=jnp.ones(batch, bool), step_size=zeros_batch, acc_best=jnp.ones(batch, jnp.float32),
-        correct_best=jnp.zeros(batch, jnp.int32), history=jnp.zeros((history_length, batch), jnp.float32),
+        correct_best=jnp.zeros(batch, jnp.int32), history=jnp.zeros((ctx.history_length, batch), jnp.float32),
         forwards=jnp.zeros(batch, jnp.int32), backwards=jnp.zeros(batch, jnp.int32))
-    final = lax.while_loop(lambda state: state.event < num_events, body, initial)
+    final = lax.while_loop(lambda state: state.event < ctx.num_events, functools.partial(_apgd_event, ctx), initial)
 
     adversarial = final.x_best_adv
     accepted = jnp.ones(batch, bool)
@@ -338,8 +255,118 @@ def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str, 
     return AttackResult(images=adversarial, forwards=final.forwards, backwards=final.backwards, info=info)
 
 
+class _Context(NamedTuple):
+    """Constants of one `apgd` call, closed over by its loop (`_apgd_event`)."""
+
+    images: jnp.ndarray
+    labels: jnp.ndarray
+    mask: jnp.ndarray
+    tables: _Events
+    num_events: int
+    history_length: int
+    valid_count: jnp.ndarray
+    void_count: jnp.ndarray
+    num_pixels: int
+    random_start: jnp.ndarray
+    value_and_grad: object
+    track_loss: str
+    early_stop: bool
+    reference_quirks: bool
+
+
+def _accuracy(ctx: _Context, correct, at_start):
+    """Accuracy of a point in the §3.5 definition in use (void counted wrong at the start with the quirks)."""
+    if ctx.reference_quirks:
+        counted = jnp.where(at_start, correct, correct + ctx.void_count)
+        return counted.astype(jnp.float32) / ctx.num_pixels
+    return correct.astype(jnp.float32) / jnp.maximum(ctx.valid_count, 1).astype(jnp.float32)
+
+
+def _apgd_iterated(ctx: _Context, state: _State, row, point, grad, tracked, correct, acc) -> _State:
+    """The state after an APGD iteration at ``point`` (best points, loss history, checkpoint halving)."""
+    view = lambda values: batch_view(values, 4)  # noqa: E731
+    local = row.local
+    improved_acc = acc <= state.acc_best
+    x_best_adv = jnp.where(view(improved_acc), point, state.x_best_adv)
+    correct_best = jnp.where(improved_acc, correct, state.correct_best)
+    acc_best = jnp.minimum(state.acc_best, acc)
+    history = state.history.at[jnp.maximum(local, 0)].set(tracked)
+    better = tracked > state.loss_best
+    x_best = jnp.where(view(better), point, state.x_best)
+    new_grad = jnp.where(row.needs_grad, grad, state.grad)
+    grad_best = jnp.where(view(better), new_grad, state.grad_best)
+    loss_best = jnp.where(better, tracked, state.loss_best)
+
+    # Checkpoint: oscillation / stall test, halve the step and restart from the best point.
+    batch = history.shape[1]
+    index = jnp.arange(ctx.history_length)[:, None]
+    previous = jnp.concatenate([jnp.zeros((1, batch), history.dtype), history[:-1]], axis=0)
+    in_window = (index >= local - row.window + 1) & (index <= local)
+    increases = jnp.sum(in_window & (history > previous), axis=0)
+    oscillating = increases.astype(jnp.float32) <= row.window.astype(jnp.float32) * OSCILLATION_THRESHOLD
+    stalled = ~state.reduced_last_check & (state.loss_best_last_check >= loss_best)
+    flag = row.checkpoint & (oscillating | stalled)
+    return _State(
+        event=state.event, xa=jnp.where(view(flag), x_best, point), xa_prev=state.xa,
+        grad=jnp.where(view(flag), grad_best, new_grad), x_best=x_best, grad_best=grad_best,
+        x_best_adv=x_best_adv, loss_best=loss_best,
+        loss_best_last_check=jnp.where(row.checkpoint, loss_best, state.loss_best_last_check),
+        reduced_last_check=jnp.where(row.checkpoint, flag, state.reduced_last_check),
+        step_size=jnp.where(flag, state.step_size / 2.0, state.step_size), acc_best=acc_best,
+        correct_best=correct_best, history=history, forwards=state.forwards, backwards=state.backwards)
+
+
+def _apgd_event(ctx: _Context, state: _State) -> _State:
+    """One event of the schedule: a stage's start point or one APGD iteration (§3.1)."""
+    e = state.event
+    tables = ctx.tables
+    row = jax.tree.map(lambda column: column[e], tables)
+    is_start, local, radius = row.is_start, row.local, row.radius
+    view = lambda values: batch_view(values, 4)  # noqa: E731
+
+    # Candidate point: the stage's start, or one APGD step from the current iterate.
+    start_point = jnp.where(row.stage == 0, ctx.random_start, project_linf(state.x_best_adv, ctx.images, radius))
+    u = project_linf(state.xa + view(state.step_size) * jnp.sign(state.grad), ctx.images, radius)
+    stepped = project_linf(state.xa + (u - state.xa) * row.momentum + (state.xa - state.xa_prev)
+                           * (1.0 - row.momentum), ctx.images, radius)
+    point = jnp.where(is_start, start_point, stepped)
+
+    (_, logits), grad = ctx.value_and_grad(point, row.segpgd_weight)
+    tracked = losses.image_mean(tracked_pixel_loss(ctx.track_loss, logits, ctx.labels, ctx.mask), ctx.mask)
+    correct = count_pixels(correct_pixels(logits, ctx.labels, ctx.mask))
+    acc = _accuracy(ctx, correct, is_start)
+
+    frozen = ctx.early_stop & (state.acc_best <= 0.0)
+    active = is_start | (local == 0) | ~frozen
+    iterated = _apgd_iterated(ctx, state, row, point, grad, tracked, correct, acc)
+    started = _State(
+        event=e, xa=point, xa_prev=point, grad=grad, x_best=point, grad_best=grad, x_best_adv=point,
+        loss_best=tracked, loss_best_last_check=tracked, reduced_last_check=jnp.ones_like(iterated.reduced_last_check),
+        step_size=jnp.full_like(state.step_size, STEP_SIZE_FACTOR) * radius, acc_best=acc,
+        correct_best=correct, history=jnp.zeros_like(iterated.history), forwards=state.forwards,
+        backwards=state.backwards)
+
+    fields = {}
+    for name in _State._fields[1:-2]:
+        new_leaf = jnp.where(is_start, getattr(started, name), getattr(iterated, name))
+        # Per-image leaves have the batch first; the loss history is [n_max, B].
+        take = active[None, :] if name == "history" else batch_view(active, new_leaf.ndim)
+        fields[name] = jnp.where(take, new_leaf, getattr(state, name))
+    forwards = state.forwards + active.astype(jnp.int32)
+    backwards = state.backwards + (active & row.needs_grad).astype(jnp.int32)
+
+    # Next event; jump to the next stage's start when every image is frozen (reference batch break).
+    following = e + 1
+    following_clipped = jnp.minimum(following, ctx.num_events - 1)
+    next_row_start = tables.is_start[following_clipped] | (tables.local[following_clipped] == 0)
+    all_frozen = ctx.early_stop & jnp.all(fields["acc_best"] <= 0.0)
+    jump = (following < ctx.num_events) & ~next_row_start & all_frozen
+    next_event = jnp.where(jump, tables.next_start[following_clipped], following)
+    return _State(event=next_event, forwards=forwards, backwards=backwards, **fields)
+
+
 def progressive_stages(total_iterations: int = 300) -> tuple[Stage, ...]:
-    """SEA's progressive radius schedule (2ε, ⌊0.3N⌋), (1.5ε, ⌊0.3N⌋), (ε, N - 2⌊0.3N⌋) (spec §3.2)."""
+    """SEA's progressive radius schedule (2ε, ⌊0.3N⌋), (1.5ε, ⌊0.3N⌋), (ε, N - 2⌊0.3N⌋) (§3.2)."""
     total = check_steps(total_iterations, "total_iterations", minimum=3)
     first = int(0.3 * total)
     if first < 1:

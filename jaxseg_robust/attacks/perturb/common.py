@@ -99,7 +99,7 @@ def check_steps(value, name: str, minimum: int = 1) -> int:
 
 def attack_targets(labels, valid, *, num_classes: int, family: str, void_policy: str = VOID_AS_BACKGROUND,
                    background_class: int = 0) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """The labels ``y`` and attack mask ``m`` an attack family sees (spec §1.2, §8.2 #8).
+    """The labels ``y`` and attack mask ``m`` an attack family sees (§1.2, §8.2 #8).
 
     A pixel is *labelled* when ``valid`` and ``0 <= labels < num_classes``;
     everything else (void 255, -1, padding) is void.
@@ -142,7 +142,7 @@ def attack_targets(labels, valid, *, num_classes: int, family: str, void_policy:
 
 
 def instance_keys(base_key, indices) -> jnp.ndarray:
-    """Per-instance PRNG keys ``fold_in(base_key, index)`` (spec §10.5).
+    """Per-instance PRNG keys ``fold_in(base_key, index)`` (§10.5).
 
     Args:
       base_key: a typed PRNG key (``jax.random.key(seed)``).

@@ -1,4 +1,6 @@
-"""DAG (Xie et al.), as adv-lib 0.2.8 ``attacks.segmentation.dag`` with p = ∞ (spec §4.0-§4.1).
+"""DAG (Xie et al.), as adv-lib 0.2.8 ``attacks.segmentation.dag`` with p = ∞ (§4.0-§4.1).
+
+Section numbers (§) refer to docs/protocols/perturbation.md.
 
     r <- 0;  out <- x
     for i < max_iter while the image is active:

@@ -1,4 +1,6 @@
-"""The ten-attack battery, per-image worst-case selection and its dataset metrics (spec §5, §6, §8).
+"""The ten-attack battery, per-image worst-case selection and its dataset metrics (§5, §6, §8).
+
+Section numbers (§) refer to docs/protocols/perturbation.md.
 
 Candidates in C-R order (the order breaks ties): clean, PAdam-CE, PAdam-Cos,
 SEA-MCE, SEA-BCE, SEA-JSD, SEA-MSL, DAG-0.001, DAG-0.003, PDPGD, ALMA prox.
@@ -42,7 +44,6 @@ from jaxseg_robust.attacks.perturb.dag import dag
 from jaxseg_robust.attacks.perturb.padam import padam
 from jaxseg_robust.attacks.perturb.pdpgd import pdpgd
 from jaxseg_robust.attacks.perturb.sea import MSL_TRACKS, SEA_SCHEDULES, sea
-from jaxseg_robust.metrics.semantic import cmiou, dataset_pixel_accuracy, mean_image_pixel_accuracy, nmiou
 
 CANDIDATE_ORDER = ("clean", "padam_ce", "padam_cos", "sea_mce", "sea_bce", "sea_jsd", "sea_msl", "dag_0.001",
                    "dag_0.003", "pdpgd", "alma_prox")
@@ -53,7 +54,7 @@ CANDIDATE_LABELS = {"clean": "clean", "padam_ce": "PAdam-CE", "padam_cos": "PAda
 
 @dataclasses.dataclass(frozen=True)
 class BatteryConfig:
-    """Battery settings; defaults are the project defaults of spec §8.1/§8.2.
+    """Battery settings; defaults are the project defaults of §8.1/§8.2.
 
     Attributes:
       num_classes: C.
@@ -294,73 +295,3 @@ def run_battery(candidates: Sequence[Candidate], logits_fn: LogitsFn, params, im
                          worst_images={rule: np.asarray(tracker[2]) for rule, tracker in trackers.items()})
 
 
-def aggregate(confusions, *, metric: str, with_background: bool = True, background_class: int = 0,
-              select_with_background: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per-image worst-case selection from stored statistics (§5).
-
-    Args:
-      confusions: int[K, N, C, C] per-candidate per-image confusion matrices.
-      metric: ``"accuracy"`` or ``"miou"``.
-      with_background: the metric variant being reported.
-      select_with_background: None selects with the reported variant's score
-        (default); a bool forces that variant's score for the selection.
-
-    Returns:
-      (index int32[N] of the selected candidate, confusion int64[N, C, C] of the selection).
-    """
-    confusions = np.asarray(confusions)
-    if confusions.ndim != 4:
-        raise ValueError(f"confusions must have shape [K, N, C, C], got {confusions.shape}")
-    selection_background = with_background if select_with_background is None else bool(select_with_background)
-    scores = per_image_scores(jnp.asarray(confusions), metric=metric, with_background=selection_background,
-                              background_class=background_class)
-    index = np.asarray(select_worst(scores)[0])
-    selected = np.take_along_axis(confusions.astype(np.int64), index[None, :, None, None], axis=0)[0]
-    return index, selected
-
-
-def dataset_metrics(confusions, *, with_background: bool = True, background_class: int = 0) -> dict[str, float]:
-    """Dataset metrics of one set of predictions (§6.2): pooled accuracy, mean image accuracy, CmIoU, NmIoU.
-
-    Args:
-      confusions: int[N, C, C] per-image confusion matrices.
-
-    Returns:
-      dict with ``accuracy``, ``mean_image_accuracy``, ``cmiou``, ``nmiou`` (fractions in [0, 1]).
-    """
-    confusions = jnp.asarray(np.asarray(confusions, np.float64).astype(np.float32))
-    kwargs = dict(with_background=with_background, background_class=background_class)
-    return {"accuracy": float(dataset_pixel_accuracy(confusions, **kwargs)),
-            "mean_image_accuracy": float(mean_image_pixel_accuracy(confusions, **kwargs)),
-            "cmiou": float(cmiou(confusions, **kwargs)), "nmiou": float(nmiou(confusions, **kwargs))}
-
-
-def battery_table(names: Sequence[str], confusions, *, with_background: bool = True, background_class: int = 0,
-                  select_with_background: bool | None = None) -> dict[str, dict[str, float]]:
-    """The §9.3 table: Acc / CmIoU / NmIoU per candidate plus the aggregate.
-
-    The aggregate row selects per image with accuracy for ``accuracy`` and
-    with per-image mIoU for ``cmiou`` / ``nmiou`` (one selection serves both).
-
-    Args:
-      names: candidate names (length K).
-      confusions: int[K, N, C, C] (e.g. :class:`BatteryResult` confusions of all batches concatenated on N).
-
-    Returns:
-      {row name: {"accuracy", "cmiou", "nmiou"}}, rows in input order then ``"aggregated"``.
-    """
-    confusions = np.asarray(confusions)
-    if len(names) != confusions.shape[0]:
-        raise ValueError(f"names has {len(names)} entries for {confusions.shape[0]} candidates")
-    kwargs = dict(with_background=with_background, background_class=background_class)
-    rows = {}
-    for name, confusion in zip(names, confusions):
-        metrics = dataset_metrics(confusion, **kwargs)
-        rows[name] = {key: metrics[key] for key in ("accuracy", "cmiou", "nmiou")}
-    _, by_accuracy = aggregate(confusions, metric="accuracy", select_with_background=select_with_background, **kwargs)
-    _, by_miou = aggregate(confusions, metric="miou", select_with_background=select_with_background, **kwargs)
-    accuracy_metrics = dataset_metrics(by_accuracy, **kwargs)
-    miou_metrics = dataset_metrics(by_miou, **kwargs)
-    rows["aggregated"] = {"accuracy": accuracy_metrics["accuracy"], "cmiou": miou_metrics["cmiou"],
-                          "nmiou": miou_metrics["nmiou"]}
-    return rows

@@ -1,4 +1,6 @@
-"""Per-pixel attack losses and margins (spec §2.1, §3.4, §4).
+"""Per-pixel attack losses and margins (§2.1, §3.4, §4).
+
+Section numbers (§) refer to docs/protocols/perturbation.md.
 
 All functions take ``logits`` f32[B, H, W, C] (raw, pre-softmax) and ``labels``
 int[B, H, W] in [0, C), and return per-pixel values f32[B, H, W]; masking
@@ -62,7 +64,7 @@ def jensen_shannon_one_hot(logits, labels) -> jnp.ndarray:
     """JS(softmax(z_p) || e_{y_p}) in closed form (natural log), f32[B, H, W].
 
     With ``q = s_{p,y}``: ``JS = ½[(1-q)·ln2 + q·ln(2q/(1+q)) + ln(2/(1+q))]``
-    (spec §3.4), ``ln q`` from ``log_softmax``; finite where the two-KL form of
+    (§3.4), ``ln q`` from ``log_softmax``; finite where the two-KL form of
     the reference (:func:`jensen_shannon_kl_form`) gives NaN.
     """
     log_q = _log_prob(logits, labels)

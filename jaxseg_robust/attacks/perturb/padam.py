@@ -1,4 +1,6 @@
-"""PAdam-CE and PAdam-Cos: projected AMSGrad ascent (spec §2; C-R ``rse/attacks.py``).
+"""PAdam-CE and PAdam-Cos: projected AMSGrad ascent (§2; C-R ``rse/attacks.py``).
+
+Section numbers (§) refer to docs/protocols/perturbation.md.
 
     δ <- clip(x + U(-ε, ε), 0, 1) - x
     repeat T times:  g = ∇_δ J(x + δ);  δ <- δ + AMSGrad_torch(g);  δ <- clip(δ, -ε, ε);  δ <- clip(x + δ, 0, 1) - x

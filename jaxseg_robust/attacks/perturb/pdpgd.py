@@ -1,4 +1,6 @@
-"""PDPGD with the L∞ proximal operator, as adv-lib 0.2.8 ``attacks.segmentation.pdpgd(norm=inf)`` (spec §4.3).
+"""PDPGD with the L∞ proximal operator, as adv-lib 0.2.8 ``attacks.segmentation.pdpgd(norm=inf)`` (§4.3).
+
+Section numbers (§) refer to docs/protocols/perturbation.md.
 
 Per step i (0-based) of N: forward at x + r; track the best iterate (as ALMA
 prox); margins ``q = z_y - max_{k≠y} z_k``; EMA of the dual weights
@@ -10,7 +12,7 @@ the whole image); dual ascent ``λ <- clip(λ + θ_i·sign(q), ln 1e-12, -ln 1e-
 Constraint masking is off by default (C-R); the switch reproduces adv-lib's.
 
 Everything float32 (the reference keeps λ and λ̄ in float64; the log-weights
-are bounded by ±27.6, spec §10.3). The sub-iteration ``break`` of adv-lib is a
+are bounded by ±27.6, §10.3). The sub-iteration ``break`` of adv-lib is a
 per-image freeze (frozen images stay frozen, so the result is identical). An
 image with no attacked pixel (Σλ̄ = 0) keeps its proximal input instead of the
 reference's NaN. With ``epsilon`` set (the battery), the output is clipped

@@ -1,4 +1,6 @@
-"""SEA's four APGD attacks of the battery: SEA-BCE, SEA-MCE, SEA-JSD, SEA-MSL (spec §3).
+"""SEA's four APGD attacks of the battery: SEA-BCE, SEA-MCE, SEA-JSD, SEA-MSL (§3).
+
+Section numbers (§) refer to docs/protocols/perturbation.md.
 
 | attack  | optimised per-pixel loss                        | tracked loss                                  |
 |---------|-------------------------------------------------|-----------------------------------------------|
@@ -7,7 +9,7 @@
 | SEA-JSD | JS(softmax, one-hot), closed form               | CE                                            |
 | SEA-MSL | -c·z_y/‖z‖₂                                     | masked MSL (C-R) or unmasked -z_y/‖z‖₂ (C-S1) |
 
-Switches (spec §8.2): ``schedule`` #1 (``"progressive"`` default: stages
+Switches (§8.2): ``schedule`` #1 (``"progressive"`` default: stages
 (2ε, 90), (1.5ε, 90), (ε, 120) with per-image early stop at accuracy 0;
 ``"single"``: C-R's one (ε, 300) run, no early stop, then the result replaces
 the clean image only if its accuracy is < 1), ``msl_track`` #2 (``None``

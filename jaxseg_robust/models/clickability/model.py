@@ -6,7 +6,7 @@
     out.raw        # f32[B, S/4, S/4]  head output y (unbounded)
     out.normalized # f32[B, S, S]      y upsampled (align_corners=True), min-max per sample
     benchmark_map(net, variables, image, aux, (H, W))   # f32[B, H, W], the two wrappers
-    metric_map(net, variables, image, aux, (H, W))      # of spec §3.6
+    metric_map(net, variables, image, aux, (H, W))      # of §3.6
 
 Inputs are letterboxed canvases (`letterbox.prepare_inputs`): ``image``
 f32[B, S, S, 3] ImageNet-normalised and ``aux`` f32[B, S, S, 2] = [G, E].
@@ -218,7 +218,7 @@ class ClickabilityNet(nn.Module):
 def benchmark_map(net: ClickabilityNet, variables: dict, image: jnp.ndarray, aux: jnp.ndarray,
                   original_hw: tuple[int, int]) -> jnp.ndarray:
     """``SegNeXtSaliencyApply.apply`` (benchmark clicker): min-max over the canvas with
-    eps 1e-8, then un-letterbox; no second normalisation (spec §3.6).
+    eps 1e-8, then un-letterbox; no second normalisation (§3.6).
 
     Args:
       net, variables: the network and its variables (eval mode).
@@ -236,7 +236,7 @@ def metric_map(net: ClickabilityNet, variables: dict, image: jnp.ndarray, aux: j
                original_hw: tuple[int, int]) -> jnp.ndarray:
     """``ClickabilityModel.__call__`` (click-distribution metrics): model output (min-max
     over the canvas, eps 1e-9), un-letterbox, min-max again over the H x W crop without
-    eps (a constant crop gives NaN, as in the reference) (spec §3.6).
+    eps (a constant crop gives NaN, as in the reference) (§3.6).
 
     Args and returns as `benchmark_map`; the result spans exactly [0, 1] per sample.
     """

@@ -9,7 +9,7 @@ selection by the best mean validation SIM. Train mode = BatchNorm batch
 statistics (running statistics updated with torch's rule), stochastic depth
 0.1, Dropout2d 0.1, 6 NMF steps.
 
-Targets: the GT clickability maps of spec §2 (built elsewhere) are passed in as
+Targets: the GT clickability maps of §2 (built elsewhere) are passed in as
 float arrays at the original image resolution, one per sample; `make_batch`
 letterboxes them with the inputs.
 
@@ -219,7 +219,7 @@ class ClickSample(NamedTuple):
       image: [H, W, 3] RGB in 0..255.
       gt_mask: [H, W] GT object mask G in [0, 1].
       error_mask: [H, W] error mask E in [0, 1].
-      target: [H, W] GT clickability map C (spec §2), non-negative.
+      target: [H, W] GT clickability map C (§2), non-negative.
     """
 
     image: np.ndarray

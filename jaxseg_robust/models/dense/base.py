@@ -1,6 +1,6 @@
 """The dense-model protocol: images in [0, 1] -> per-pixel class logits.
 
-This is the seam between the image-perturbation attacks (spec
+This is the seam between the image-perturbation attacks (described in
 docs/protocols/perturbation.md, notation ``f(x) = z``) and the models they attack:
 
     model.apply(params, images f32[B, H, W, 3] in [0, 1]) -> logits f32[B, H, W, C]
@@ -10,7 +10,7 @@ dataclass), so it can be closed over by ``jit`` or passed as a static
 argument; the weights travel as the explicit ``params`` pytree (the Flax
 variables ``{"params", "batch_stats"}``). ``apply`` does the model's own input
 normalisation, any resizing to the network's working resolution, and the
-upsampling of the logits back to ``H x W`` (spec §7), in inference mode
+upsampling of the logits back to ``H x W`` (§7), in inference mode
 (BatchNorm running statistics, dropout off). It is pure, differentiable with
 respect to ``images``, and works for any static ``(B, H, W)``.
 

@@ -6,7 +6,7 @@ SAM family (``SamSegmenter``, ``SamHQSegmenter``: MobileSAM, SAM, SAM-HQ)
 plus one fixed prompt set per image into such a function:
 
     model = PromptedSegmenter(segmenter)                 # static, hashable
-    params = with_prompts(sam_params, box_prompts(gt, segmenter))   # prompts ride in params
+    params = with_prompts(sam_params, tight_box_prompts(gt, 256))   # prompts ride in params
     logits = model.apply(params, images)                 # f32[B, H, W, 2]
 
 The prompts travel inside the ``params`` pytree (`PromptedParams`), so the
@@ -37,13 +37,12 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxseg_robust.models.dense.base import binary_logits, check_images
 from jaxseg_robust.models.sam.segmenter import make_transform
 from jaxseg_robust.ops.boxes import tight_box
 from jaxseg_robust.ops.resize import longest_side_shape, pad_to_square, resize_bilinear_antialias
-from jaxseg_robust.prompts.types import Prompts, make_prompts
+from jaxseg_robust.prompts.types import Prompts, box_prompts, make_prompts
 
 
 @flax.struct.dataclass
@@ -76,27 +75,24 @@ def stack_prompts(prompt_sets) -> Prompts:
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *prompt_sets)
 
 
-def box_prompts(gt, low_res_size: int) -> Prompts:
+def tight_box_prompts(gt, low_res_size: int) -> Prompts:
     """One prompt per image: the inclusive tight box of ``gt == 1`` (BREPS §2.4), no clicks.
 
     Args:
       gt: int[B, H, W] ground truth (1 object, 0 background, -1 ignore) or
         bool[B, H, W] object masks.
-      low_res_size: side of the model's low-resolution logits (SAM: 256;
-        ``segmenter.config.low_res_size``), for the unused mask slot.
+      low_res_size: side of the model's feedback map (SAM: 256; ``segmenter.feedback_shape``),
+        for the unused mask slot.
 
     Returns:
-      `Prompts` with leading axis B: box ``(x1, y1, x2, y2)`` in pixels (an
-      empty mask gives ``(0, 0, 1, 1)``), one padding point slot.
+      `Prompts` with leading axis B (`jaxseg_robust.prompts.types.box_prompts` of each image): box
+      ``(x1, y1, x2, y2)`` in pixels (an empty mask gives ``(0, 0, 1, 1)``), one padding point slot.
     """
     gt = jnp.asarray(gt)
     if gt.ndim != 3:
         raise ValueError(f"gt must have shape [B, H, W]; got {gt.shape}")
     boxes = tight_box(gt == 1 if gt.dtype != jnp.bool_ else gt).astype(jnp.float32)
-    template = make_prompts(box=np.zeros(4, np.float32), mask_shape=(low_res_size, low_res_size))
-    batch = gt.shape[0]
-    stacked = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (batch, *leaf.shape)), template)
-    return stacked.replace(box=boxes)
+    return jax.vmap(lambda box: box_prompts(box, (low_res_size, low_res_size)))(boxes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +112,7 @@ class PromptedSegmenter:
 
     @property
     def low_res_size(self) -> int:
-        """Side of the segmenter's low-resolution logits (for `box_prompts`)."""
+        """Side of the segmenter's low-resolution logits (for `tight_box_prompts`)."""
         return int(self.segmenter.config.low_res_size)
 
     def model_input(self, images: jnp.ndarray) -> jnp.ndarray:

@@ -1,5 +1,7 @@
 """`SamSegmenter`: the SAM family behind the Segmenter protocol (preprocess / embed / decode).
 
+Section numbers (§) refer to docs/protocols/tetris.md.
+
 Typical use (one image, many prompt sets, one compiled decode)::
 
     seg = SamSegmenter(config)                  # static configuration only
@@ -18,7 +20,7 @@ shared by the batch).
 Image paths (``image_resize``):
   * "float" (default): the image as float, antialiased bilinear resize to the
     model frame exactly as torch ``interpolate(bilinear, align_corners=False,
-    antialias=True)`` (the attacks' ``apply_image_torch`` path, spec §2.3.1);
+    antialias=True)`` (the attacks' ``apply_image_torch`` path, §2.3.1);
   * "pil": the uint8 PIL bilinear resize of ``SamPredictor.set_image``
     (``ResizeLongestSide.apply_image``), bit-exact with the reference.
 Note: the reference ``ResizeLongestSide.apply_image_torch`` computes its
@@ -30,6 +32,7 @@ asks for.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import flax.struct
 import jax
@@ -82,10 +85,14 @@ class SamSegmenter:
     """SAM-family segmenter (static configuration; weights are passed as ``params``).
 
     Param tree: ``{"image_encoder": ..., "prompt_encoder": ..., "mask_decoder": ...}``.
+    Interactive state (the Segmenter contract): the selected candidate's
+    low-res logits (``config.low_res_size`` square) are fed back as the next
+    round's mask input; decision threshold 0.5 (``logit > 0``).
     """
 
     config: SamConfig
     image_resize: str = "float"
+    probability_threshold: ClassVar[float] = 0.5
 
     def __post_init__(self):
         if self.image_resize not in IMAGE_RESIZE_PATHS:
@@ -318,6 +325,26 @@ class SamSegmenter:
         return Prediction(logits=self.upsample(selected, transform), low_res_logits=low_res,
                           scores=iou, index=index)
 
+    # ---- interactive state (Segmenter contract) ----------------------------
+    def feedback_shape(self, frame_hw: tuple[int, int]) -> tuple[int, int]:
+        """(low_res_size, low_res_size), whatever the frame (SAM: 256 x 256)."""
+        size = int(self.config.low_res_size)
+        return (size, size)
+
+    def feedback(self, prediction: Prediction) -> jnp.ndarray:
+        """The selected candidate's low-res logits f32[low, low] (SAM's ``mask_input`` of the next click)."""
+        return prediction.selected_low_res
+
+    def resized_logits(self, prediction: Prediction, transform: Transform) -> jnp.ndarray:
+        """f32[S, S] the selected logits at the model's resized resolution, zero-padded to the input size S.
+
+        What ``SamPredictor.predict`` returns for an image that was already
+        resized (the BREPS jitter / user-box scripts): the 1024-frame
+        upsampling cropped to ``(h', w')`` (a SAM-family capability, used by
+        the fixed-box protocol's ``iou_resized``; docs/protocols/breps.md).
+        """
+        return self.upsample(prediction.selected_low_res, resized_frame_transform(transform, self.config.image_size))
+
     def select(self, low_res: jnp.ndarray, iou: jnp.ndarray, *, multimask_output: bool):
         """SAM's output selection from every candidate of `decode_low_res`.
 
@@ -340,6 +367,19 @@ def _check_frame(transform: Transform) -> None:
     if transform.frame_hw is None:
         raise ValueError("transform.frame_hw is not set (make the Transform with "
                          "SamSegmenter.preprocess or make_transform)")
+
+
+def resized_frame_transform(transform: Transform, model_size: int) -> Transform:
+    """A `Transform` whose outputs are SAM's resized-resolution masks in a ``model_size`` square frame.
+
+    ``upsample`` with it gives the 1024-frame upsampling cropped to ``(h', w')``
+    (the crop-to-crop resize is the identity), i.e. what ``predict`` returns
+    for an image that was already resized (the BREPS jitter / user scripts).
+    Box coordinates are taken as resized-frame pixels (scale 1).
+    """
+    return Transform(original_hw=transform.resized_hw, resized_hw=transform.resized_hw,
+                     scale_xy=jnp.ones_like(jnp.asarray(transform.scale_xy, jnp.float32)),
+                     frame_hw=(int(model_size), int(model_size)))
 
 
 def make_transform(original_hw: tuple[int, int], resized_hw: tuple[int, int],

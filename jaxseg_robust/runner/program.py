@@ -1,0 +1,316 @@
+"""The one batch program every prompt protocol runs through: `BatchProgram`.
+
+A prompt protocol (TETRIS, BREPS, the grids, RClicks, the baseline clicker)
+is a frozen, hashable object with a pure per-instance function (see
+`BatchProtocol` and docs/ARCHITECTURE.md, "How to add a protocol"). This
+module turns it into a batch function for `jaxseg_robust.runner.engine.run`
+(``PaddedBatch -> dict of arrays [B, ...]``), the same object for the library,
+the tests and the command line:
+
+host side (`BatchProgram.__call__`, NumPy):
+  check the batch (`check_batch`), crop every slot to its image size and run
+  ``segmenter.preprocess(image, frame_hw=bucket frame)`` (outputs then live in
+  the padded frame), ask the protocol for its per-slot host inputs
+  (``protocol.host_inputs``: boxes, click-model inputs, ...), stack everything
+  on a leading axis B, compute the per-instance Boundary IoU band widths, and
+  place the arrays like the batch (sharded over the engine's ``data`` mesh);
+
+device side (`DeviceProgram`, one ``jax.jit``):
+  ``features = segmenter.embed(params, model_input)`` once for the batch, then
+  ``jax.vmap`` of ``protocol.instance`` over the instances.
+
+One program per (segmenter, protocol) pair is shared by every `BatchProgram`
+of the process (`device_program`), compiled ahead of its first batch per input
+signature (shapes, dtypes, placement) and announced (``announce``). Retraces
+are checked here and nowhere else: a bucket (frame, batch size, placement)
+compiled a second time raises `RetraceError` (a protocol whose host inputs
+change shape between batches of one bucket, say), and ``traces`` counts every
+trace for the tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxseg_robust.metrics.masks import boundary_widths
+from jaxseg_robust.models.base import Transform, check_segmenter
+
+TIMING_KEY = "_timing"  # optional output: {"batch_seconds", "batch_instances"} [B] (see `BatchProgram`)
+
+
+class RetraceError(RuntimeError):
+    """A bucket's program was traced a second time (a bug: the inputs' shapes changed within a bucket)."""
+
+
+@flax.struct.dataclass
+class InstanceInputs:
+    """What a protocol's per-instance function gets (one instance; the program vmaps over B of them).
+
+    Attributes:
+      features: the instance's cached image features (``segmenter.embed``).
+      transform: its `Transform` (``frame_hw`` = the bucket frame (Hf, Wf)).
+      gt: int8[Hf, Wf] 1 object / 0 background / -1 ignore and outside the image.
+      width: i32[] Boundary IoU band width of the image (`metrics.masks.boundary_widths`).
+      seed: u32[] the instance's seed (a hash of its key, `data.buckets.instance_seed`).
+      extras: mapping of the protocol's host inputs of this instance (``host_inputs``).
+    """
+
+    features: Any
+    transform: Transform
+    gt: jnp.ndarray
+    width: jnp.ndarray
+    seed: jnp.ndarray
+    extras: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSlot:
+    """One slot of a batch on the host, for ``protocol.host_inputs``.
+
+    Attributes:
+      image: uint8[H, W, 3] the slot's image (cropped to its size).
+      gt: int8[H, W] its ground truth (cropped).
+      frame: (Hf, Wf) the bucket frame.
+      seed: the slot's per-instance seed.
+      valid: False for the placeholder slots of a ragged tail (outputs discarded).
+      transform: the `Transform` of ``segmenter.preprocess``.
+      model_input: the preprocessed image.
+    """
+
+    image: np.ndarray
+    gt: np.ndarray
+    frame: tuple[int, int]
+    seed: int
+    valid: bool
+    transform: Transform
+    model_input: Any
+
+
+class BatchProtocol(Protocol):
+    """What a prompt protocol provides (frozen dataclass: hashable, static).
+
+    Attributes:
+      name: the protocol's name (compile announcements).
+      dilation_ratio: Boundary IoU band ratio of the widths the program passes.
+
+    ``host_inputs(segmenter, slot: HostSlot) -> Mapping[str, np.ndarray]``:
+      per-slot host inputs, equal shapes for every slot of a bucket (``{}``
+      when none). ``instance(segmenter, params, aux_params, inputs:
+      InstanceInputs) -> Mapping[str, pytree]``: the pure per-instance
+      protocol (jit- and vmap-safe; ``aux_params``: a second parameter pytree,
+      e.g. RClicks' click model, or None).
+    """
+
+    name: str
+    dilation_ratio: float
+
+    def host_inputs(self, segmenter, slot: HostSlot) -> Mapping[str, np.ndarray]: ...
+
+    def instance(self, segmenter, params, aux_params, inputs: InstanceInputs) -> Mapping: ...
+
+
+# ---- host side ------------------------------------------------------------------------------
+
+def check_batch(batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batch's (image uint8[B, Hf, Wf, 3], gt int8[B, Hf, Wf], size int[B, 2]) as host arrays.
+
+    Raises:
+      ValueError: the shapes do not fit together (naming all three).
+    """
+    images = np.asarray(batch.image)
+    gts = np.asarray(batch.gt)
+    sizes = np.asarray(batch.size)
+    if gts.ndim != 3 or images.shape[:3] != gts.shape or sizes.shape != (gts.shape[0], 2):
+        raise ValueError(f"batch must hold image [B, Hf, Wf, 3], gt [B, Hf, Wf], size [B, 2]; got "
+                         f"{images.shape}, {gts.shape}, {sizes.shape}")
+    return images, gts, sizes
+
+
+def stack_trees(trees):
+    """Stacks pytrees of equal structure leaf by leaf on a new leading axis (e.g. B `Transform`s -> one)."""
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def _stack_host(trees):
+    if not trees or not jax.tree.leaves(trees[0]):
+        return {}
+    return jax.tree.map(lambda *leaves: np.stack([np.asarray(leaf) for leaf in leaves]), *trees)
+
+
+def place_like(tree, reference):
+    """device_put ``tree`` with ``reference``'s sharding when it is a sharded jax Array."""
+    sharding = getattr(reference, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.device_put(tree, sharding)
+    return tree
+
+
+def host_arguments(segmenter, protocol, batch) -> tuple:
+    """The device program's batch arguments of a `PaddedBatch` (see the module docstring).
+
+    Returns:
+      (model_input [B, ...], `Transform` [B], gt int8[B, Hf, Wf], width i32[B], seed u32[B],
+      extras {name: [B, ...]}), placed like ``batch.gt``.
+    """
+    images, gts, sizes = check_batch(batch)
+    frame = (int(gts.shape[1]), int(gts.shape[2]))
+    seeds = np.asarray(batch.seed).astype(np.uint32).reshape(-1)
+    valid = np.asarray(getattr(batch, "instance_valid", np.ones(gts.shape[0], bool)), bool).reshape(-1)
+    inputs, transforms, extras = [], [], []
+    for slot in range(gts.shape[0]):
+        height, width = (int(v) for v in sizes[slot])
+        image, gt = images[slot, :height, :width], gts[slot, :height, :width]
+        model_input, transform = segmenter.preprocess(image, frame_hw=frame)
+        inputs.append(model_input)
+        transforms.append(transform)
+        extras.append(dict(protocol.host_inputs(segmenter, HostSlot(
+            image=image, gt=gt, frame=frame, seed=int(seeds[slot]), valid=bool(valid[slot]),
+            transform=transform, model_input=model_input))))
+    args = (jnp.stack(inputs), stack_trees(transforms), gts, boundary_widths(sizes, protocol.dilation_ratio),
+            seeds, _stack_host(extras))
+    return place_like(args, batch.gt)
+
+
+# ---- device side ----------------------------------------------------------------------------
+
+def _signature(args) -> tuple:
+    """Shapes, dtypes, weak types and placements of every leaf (the jit cache key of the arguments)."""
+    return tuple((tuple(np.shape(leaf)), str(getattr(leaf, "dtype", type(leaf))), bool(getattr(leaf, "weak_type", False)),
+                  str(getattr(leaf, "sharding", None))) for leaf in jax.tree.leaves(args))
+
+
+def _bucket(args) -> tuple:
+    """(gt shape [B, Hf, Wf], gt placement, parameter signature): one compiled program per bucket,
+    placement and parameter set."""
+    gt = args[4]
+    return tuple(np.shape(gt)), str(getattr(gt, "sharding", None)), _signature(args[:2])
+
+
+class DeviceProgram:
+    """The jitted device side of one (segmenter, protocol) pair: embed once, vmap the protocol.
+
+    Attributes:
+      traces: how many times the program was traced (one per bucket and placement).
+    """
+
+    def __init__(self, segmenter, protocol):
+        self.segmenter = segmenter
+        self.protocol = protocol
+        self.traces = 0
+        self.jitted = jax.jit(self._run)
+        self._compiled: dict = {}
+        self._buckets: dict = {}
+
+    def _run(self, params, aux_params, model_input, transform, gt, width, seed, extras):
+        self.traces += 1  # runs once per trace
+        features = self.segmenter.embed(params, model_input)
+        inputs = InstanceInputs(features=features, transform=transform, gt=gt, width=width, seed=seed,
+                                extras=extras)
+        return jax.vmap(lambda one: self.protocol.instance(self.segmenter, params, aux_params, one))(inputs)
+
+    def compiled(self, args, announce: Callable[[str], None] | None = None, description: str | None = None):
+        """The compiled program for ``args`` (params, aux_params, then the `host_arguments`), compiling it once.
+
+        ``announce`` is told "compiling the <description> for bucket HxW, batch B (first batch) ..."
+        before a compile (``description`` default: "<protocol name> program").
+
+        Raises:
+          RetraceError: this bucket and placement was compiled before with other argument shapes.
+        """
+        key = _signature(args)
+        program = self._compiled.get(key)
+        if program is not None:
+            return program
+        bucket = _bucket(args)
+        if bucket in self._buckets:
+            old = self._buckets[bucket]
+            changed = [i for i, (a, b) in enumerate(zip(old, key)) if a != b] if len(old) == len(key) else "count"
+            raise RetraceError(f"the {self.protocol.name} program of bucket {bucket[0]} was compiled twice: "
+                               f"the per-batch arguments changed (leaves {changed}); host inputs must have one "
+                               "shape per bucket")
+        if announce is not None:
+            _, frame_h, frame_w = bucket[0]
+            what = description or f"{self.protocol.name} program"
+            announce(f"compiling the {what} for bucket {frame_h}x{frame_w}, batch {bucket[0][0]} (first batch) ...")
+        before = self.traces
+        program = self._compiled[key] = self.jitted.lower(*args).compile()
+        if self.traces != before + 1:
+            raise RetraceError(f"the {self.protocol.name} program was traced {self.traces - before} times "
+                               "for one signature")
+        self._buckets[bucket] = key
+        return program
+
+
+@functools.lru_cache(maxsize=32)
+def device_program(segmenter, protocol) -> DeviceProgram:
+    """The process-wide `DeviceProgram` of a (segmenter, protocol) pair (both hashable, static)."""
+    return DeviceProgram(segmenter, protocol)
+
+
+class BatchProgram:
+    """``PaddedBatch -> dict of arrays [B, ...]`` for `jaxseg_robust.runner.engine.run`: one protocol, one model.
+
+    Attributes:
+      segmenter, params: the model (params replicated over the mesh for several devices).
+      protocol: the `BatchProtocol`.
+      aux_params: a second parameter pytree the protocol reads (e.g. a click model's), or None.
+      announce: ``text -> None`` told before a bucket's program is compiled (None: silent).
+      description: what the announcement calls the program (default: the protocol's
+        ``description``, else "<name> program").
+      timed: also output ``TIMING_KEY``: ``{"batch_seconds", "batch_instances"}`` [B] (host wall
+        time of the compiled call, compile excluded; real instances in the batch).
+      last_seconds: wall time of the last compiled call.
+    """
+
+    def __init__(self, segmenter, params, protocol, *, aux_params=None, announce=None, description=None,
+                 timed: bool = False):
+        check_segmenter(segmenter)
+        self.segmenter = segmenter
+        self.params = params
+        self.protocol = protocol
+        self.aux_params = aux_params
+        self.announce = announce
+        self.description = description or getattr(protocol, "description", None)
+        self.timed = timed
+        self.last_seconds = math.nan
+        self._device = device_program(segmenter, protocol)
+
+    @property
+    def traces(self) -> int:
+        """Traces of the shared device program so far (one per bucket and placement)."""
+        return self._device.traces
+
+    @property
+    def config(self):
+        """The protocol's settings (its ``config`` when it has one, else the protocol itself)."""
+        return getattr(self.protocol, "config", self.protocol)
+
+    def __call__(self, batch) -> dict:
+        """Runs the protocol on a `PaddedBatch`: host preparation, then one compiled call."""
+        args = (self.params, self.aux_params, *host_arguments(self.segmenter, self.protocol, batch))
+        program = self._device.compiled(args, self.announce, self.description)
+        start = time.perf_counter()
+        outputs = dict(jax.block_until_ready(program(*args)))
+        self.last_seconds = time.perf_counter() - start
+        size = int(np.shape(batch.gt)[0])
+        chex.assert_tree_shape_prefix(outputs, (size,))
+        if self.timed:
+            valid = np.asarray(batch.instance_valid, bool)
+            outputs[TIMING_KEY] = {"batch_seconds": np.full(valid.shape, self.last_seconds, np.float64),
+                                   "batch_instances": np.full(valid.shape, int(valid.sum()), np.int64)}
+        return outputs
+
+
+__all__ = ["TIMING_KEY", "RetraceError", "InstanceInputs", "HostSlot", "BatchProtocol", "check_batch",
+           "stack_trees", "place_like", "host_arguments", "DeviceProgram", "device_program", "BatchProgram"]

@@ -1,0 +1,119 @@
+"""The one batch program (`jaxseg_robust.runner.program`): host side, one compile per bucket, retrace check.
+
+A toy segmenter and protocol (cheap to compile) stand in for the real ones;
+every prompt protocol goes through the same `BatchProgram`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxseg_robust.data.buckets import pad_batch
+from jaxseg_robust.data.instances import make_instance
+from jaxseg_robust.models.base import Prediction, Transform
+from jaxseg_robust.runner.program import TIMING_KEY, BatchProgram, RetraceError, device_program
+
+
+@dataclasses.dataclass(frozen=True)
+class ToySegmenter:
+    """preprocess: the image as float in the frame; embed: times params."""
+
+    probability_threshold = 0.5
+
+    def preprocess(self, image, *, frame_hw=None):
+        image = np.asarray(image, np.float32)
+        frame = image.shape[:2] if frame_hw is None else frame_hw
+        padded = np.zeros((*frame, 3), np.float32)
+        padded[:image.shape[0], :image.shape[1]] = image
+        size = jnp.asarray(image.shape[:2], jnp.int32)
+        return jnp.asarray(padded), Transform(size, size, jnp.ones(2, jnp.float32), tuple(frame))
+
+    def embed(self, params, model_input):
+        return model_input * params
+
+    def decode(self, params, features, prompts, transform, *, multimask_output=True):
+        logits = jnp.mean(features, axis=-1)
+        return Prediction(logits=logits, low_res_logits=logits[None], scores=jnp.zeros(1), index=jnp.int32(0))
+
+    def feedback_shape(self, frame_hw):
+        return tuple(frame_hw)
+
+    def feedback(self, prediction):
+        return prediction.logits
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyProtocol:
+    """Sums the features inside the image; adds the host input ``bias`` (shape from ``slots``)."""
+
+    slots: int = 1
+    name = "toy"
+    dilation_ratio = 0.02
+    grow: bool = dataclasses.field(default=False, compare=False)
+
+    def host_inputs(self, segmenter, slot):
+        count = self.slots + (slot.frame[0] if self.grow and slot.seed % 2 else 0)
+        return {"bias": np.full((count,), float(slot.gt.sum()), np.float32)}
+
+    def instance(self, segmenter, params, aux_params, inputs):
+        rows = jnp.arange(inputs.gt.shape[0]) < inputs.transform.original_hw[0]
+        cols = jnp.arange(inputs.gt.shape[1]) < inputs.transform.original_hw[1]
+        inside = rows[:, None] & cols[None, :]
+        total = jnp.sum(jnp.where(inside[..., None], inputs.features, 0.0))
+        return {"total": total, "bias": inputs.extras["bias"], "width": inputs.width, "seed": inputs.seed}
+
+
+def _instance(name, height, width, value):
+    image = np.full((height, width, 3), value, np.uint8)
+    gt = np.zeros((height, width), np.int8)
+    gt[: height // 2] = 1
+    return make_instance(name, image, gt, dataset="toy")
+
+
+INSTANCES = [_instance("a", 6, 7, 1), _instance("b", 5, 8, 2), _instance("c", 8, 8, 3)]
+
+
+def test_host_side_and_device_side(capsys):
+    lines = []
+    program = BatchProgram(ToySegmenter(), jnp.float32(2.0), ToyProtocol(), announce=lines.append, timed=True)
+    out = jax.device_get(program(pad_batch(INSTANCES[:2], (8, 8), 3)))
+    np.testing.assert_allclose(out["total"], [2 * 6 * 7 * 3, 2 * 2 * 5 * 8 * 3, 2 * 6 * 7 * 3])
+    np.testing.assert_allclose(out["bias"][:, 0], [21, 16, 21])  # the placeholder slot repeats the first
+    assert out["width"].tolist() == [1, 1, 1] and out[TIMING_KEY]["batch_instances"].tolist() == [2, 2, 2]
+    assert lines == ["compiling the toy program for bucket 8x8, batch 3 (first batch) ..."]
+    program(pad_batch(INSTANCES[2:], (8, 8), 3))  # same bucket: no compile, no announcement
+    assert len(lines) == 1 and program.traces == 1
+    # a second program with equal settings shares the compiled program
+    again = BatchProgram(ToySegmenter(), jnp.float32(3.0), ToyProtocol(), announce=lines.append)
+    np.testing.assert_allclose(jax.device_get(again(pad_batch(INSTANCES[:1], (8, 8), 3)))["total"][0], 3 * 6 * 7 * 3)
+    assert again.traces == 1 and len(lines) == 1
+    program(pad_batch(INSTANCES[:1], (8, 10), 3))  # a new bucket compiles once more
+    assert program.traces == 2 and "bucket 8x10" in lines[-1]
+
+
+def test_a_bucket_whose_host_inputs_change_shape_is_a_retrace_error():
+    device_program.cache_clear()
+    program = BatchProgram(ToySegmenter(), jnp.float32(1.0), ToyProtocol(slots=2, grow=True))
+    batch = pad_batch(INSTANCES[:2], (8, 8), 2)
+    seeds = np.asarray(batch.seed)
+    even = batch.replace(seed=seeds - seeds % 2)
+    program(even)
+    with pytest.raises(RetraceError, match="compiled twice"):
+        program(even.replace(seed=even.seed + 1))
+
+
+def test_malformed_batches_and_non_segmenters_are_refused():
+    with pytest.raises(ValueError, match="lacks feedback_shape, feedback"):
+        BatchProgram(types.SimpleNamespace(preprocess=0, embed=0, decode=0, probability_threshold=0.5), 1.0,
+                     ToyProtocol())
+    program = BatchProgram(ToySegmenter(), jnp.float32(1.0), ToyProtocol())
+    bad = types.SimpleNamespace(image=np.zeros((2, 8, 8, 3), np.uint8), gt=np.zeros((2, 8, 7), np.int8),
+                                size=np.zeros((2, 2), np.int32), seed=np.zeros(2, np.uint32))
+    with pytest.raises(ValueError, match="batch must hold"):
+        program(bad)

@@ -1,0 +1,127 @@
+"""The structure the project promises (docs/ARCHITECTURE.md, "Layers"): small units and imports that point down.
+
+* no library module over 700 lines;
+* no function over 90 code lines (docstring, blank and comment-only lines not counted);
+* every import of ``jaxseg_robust.X`` inside the library points to X's layer or a lower one:
+  ops → metrics, prompts → models, data → runner → attacks, clicksim → reports → commands → cli;
+* the library never imports the converters (``ports``).
+
+Imports are read with ``ast`` (module level and inside functions), so a lazy import counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "jaxseg_robust"
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_CODE_LINES = 90
+LAYERS = {
+    "__init__": 0, "ops": 0, "exit_codes": 0, "hashing": 0,
+    "metrics": 1, "prompts": 1,
+    "models": 2, "data": 2,
+    "runner": 3,
+    "attacks": 4, "clicksim": 4,
+    "reports": 5,
+    "commands": 6,
+    "cli": 7, "__main__": 7,
+}
+
+
+def library_modules() -> list[pathlib.Path]:
+    """Every .py file of the package."""
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def layer_of(module: str) -> int:
+    """Layer of a dotted module name ``jaxseg_robust.X...`` (X = the first component)."""
+    parts = module.split(".")
+    head = parts[1] if len(parts) > 1 else "__init__"
+    if head not in LAYERS:
+        raise AssertionError(f"{module}: package {head!r} has no layer in tests/test_structure.py")
+    return LAYERS[head]
+
+
+def dotted(path: pathlib.Path) -> str:
+    relative = path.relative_to(ROOT).with_suffix("")
+    return ".".join(relative.parts)
+
+
+def imports_of(tree: ast.AST, module: str) -> list[tuple[int, str]]:
+    """(line, imported module) of every import in the tree, relative imports resolved."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: -node.level]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found.append((node.lineno, name))
+    return found
+
+
+def code_lines(function: ast.AST, lines: list[str]) -> int:
+    """Lines of a function that hold code: not blank, not comment-only, not its docstring."""
+    skip = set()
+    body = getattr(function, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        skip.update(range(body[0].lineno, body[0].end_lineno + 1))
+    count = 0
+    for number in range(function.lineno, function.end_lineno + 1):
+        text = lines[number - 1].strip()
+        if number not in skip and text and not text.startswith("#"):
+            count += 1
+    return count
+
+
+def test_modules_are_small():
+    big = {dotted(p): n for p in library_modules() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not big, f"library modules over {MAX_MODULE_LINES} lines: {big}"
+
+
+def test_functions_are_small():
+    big = {}
+    for path in library_modules():
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if (n := code_lines(node, lines)) > MAX_FUNCTION_CODE_LINES:
+                    big[f"{dotted(path)}.{node.name}:{node.lineno}"] = n
+    assert not big, f"functions over {MAX_FUNCTION_CODE_LINES} code lines: {big}"
+
+
+def test_imports_point_down_and_never_to_the_converters():
+    wrong = []
+    for path in library_modules():
+        module = dotted(path)
+        own = layer_of(module)
+        for line, name in imports_of(ast.parse(path.read_text()), module):
+            if name == "ports" or name.startswith("ports."):
+                wrong.append(f"{module}:{line} imports the converters ({name})")
+            elif name.startswith("jaxseg_robust.") and layer_of(name) > own:
+                wrong.append(f"{module}:{line} imports {name} (layer {layer_of(name)} > {own})")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("def f():\n    '''doc\n    more'''\n    # note\n\n    return 1\n", 2),
+    ("def f():\n    x = 1\n    y = 2\n    return x + y\n", 4),
+])
+def test_code_lines_count_what_they_say(source, expected):
+    function = ast.parse(source).body[0]
+    assert code_lines(function, source.splitlines()) == expected
+
+
+def test_the_layer_check_sees_an_upward_import():
+    tree = ast.parse("def f():\n    from jaxseg_robust.cli import EXIT_OK\n")
+    (line, name), = imports_of(tree, "jaxseg_robust.metrics.masks")
+    assert layer_of(name) > layer_of("jaxseg_robust.metrics.masks") and line == 2
