@@ -25,7 +25,7 @@ LAYERS = {
     "metrics": 1, "prompts": 1,
     "models": 2, "data": 2,
     "runner": 3,
-    "attacks": 4, "clicksim": 4,
+    "attacks": 4, "clicksim": 4, "evaluation": 4,
     "reports": 5,
     "commands": 6,
     "cli": 7, "__main__": 7,
