@@ -7,6 +7,7 @@ Section numbers (§) refer to docs/protocols/perturbation.md.
         x̃ = clip(x + r, 0, 1);  d_p = z_y - max_{k≠y} z_k
         success when Σ_p m_p·[d_p < 0] / Σ_p m_p >= 0.99: out <- x̃, deactivate
         otherwise r <- r - γ·G / max(‖G‖∞, 1e-8),  G = ∇_r Σ_p m_p·max(d_p, 0)
+                   (through the clip with torch.clamp's gradient: 1 on [0, 1], bounds included)
     return out                 (first successful iterate; the clean image if never successful)
 
 Per image instead of adv-lib's shrinking batch: a fixed loop with an
@@ -32,6 +33,7 @@ from jaxseg_robust.attacks.perturb.common import (
     check_attack_inputs,
     check_positive,
     check_steps,
+    clamp_unit,
     clip_to_ball,
     count_pixels,
     linf_norm,
@@ -52,6 +54,23 @@ class _DagState(NamedTuple):
 def success_fraction(flags, mask) -> jnp.ndarray:
     """``Σ_p m_p·flag_p / Σ_p m_p`` per image, f32[B] (NaN when the mask is empty, as adv-lib)."""
     return count_pixels(flags & mask).astype(jnp.float32) / count_pixels(mask).astype(jnp.float32)
+
+
+def dag_objective(logits_fn: LogitsFn, params, images, labels, mask, perturbation):
+    """DAG's objective ``Σ_p m_p·max(d_p, 0)`` at ``clamp(x + r, 0, 1)`` and the margins d (§4.1).
+
+    Args:
+      images, perturbation: f32[B, H, W, 3] (x and r); labels int[B, H, W]; mask bool[B, H, W].
+
+    Returns:
+      (scalar f32 summed over the batch, margins f32[B, H, W]). Its gradient
+      in ``perturbation`` is adv-lib's: the clip differentiates as
+      ``torch.clamp`` (`common.clamp_unit`).
+    """
+    logits = logits_fn(params, clamp_unit(images + perturbation))
+    margin = losses.logit_margin(logits, labels)
+    pushed = jax.nn.relu(jnp.where(mask, margin, 0.0))
+    return jnp.sum(pushed), margin
 
 
 @functools.partial(jax.jit, static_argnames=("logits_fn", "gamma", "max_iterations", "threshold", "epsilon"))
@@ -82,11 +101,7 @@ def dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma: float, max_
     images = images.astype(jnp.float32)
     batch = images.shape[0]
 
-    def objective(perturbation):
-        logits = logits_fn(params, jnp.clip(images + perturbation, 0.0, 1.0))
-        margin = losses.logit_margin(logits, labels)
-        pushed = jax.nn.relu(jnp.where(mask, margin, 0.0))
-        return jnp.sum(pushed), margin
+    objective = functools.partial(dag_objective, logits_fn, params, images, labels, mask)
 
     def body(state: _DagState) -> _DagState:
         (_, margin), grad = jax.value_and_grad(objective, has_aux=True)(state.perturbation)

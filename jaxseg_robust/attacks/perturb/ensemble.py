@@ -38,6 +38,7 @@ from jaxseg_robust.attacks.perturb.common import (
     check_positive,
     check_steps,
     image_confusions,
+    member_keys,
     per_image_scores,
 )
 from jaxseg_robust.attacks.perturb.dag import dag
@@ -155,10 +156,12 @@ def build_battery(logits_fn: LogitsFn, config: BatteryConfig) -> tuple[Candidate
         return attack_targets(labels, valid, num_classes=c.num_classes, family=family, void_policy=c.void_policy,
                               background_class=c.background_class)
 
-    def max_damage(attack, **kwargs):
+    def max_damage(attack, name, **kwargs):
+        attack_index = CANDIDATE_ORDER.index(name)
+
         def run(params, images, labels, valid, keys):
             y, m = targets(labels, valid, MAX_DAMAGE)
-            return attack(logits_fn, params, images, y, m, keys, **kwargs)
+            return attack(logits_fn, params, images, y, m, member_keys(keys, attack_index), **kwargs)
         return jax.jit(run)
 
     def min_norm(attack, **kwargs):
@@ -172,12 +175,12 @@ def build_battery(logits_fn: LogitsFn, config: BatteryConfig) -> tuple[Candidate
                       msl_track=c.msl_track, reference_quirks=c.reference_quirks)
     makers: Mapping[str, Callable[[], tuple[str, CandidateFn]]] = {
         "clean": lambda: (MAX_DAMAGE, _clean),
-        "padam_ce": lambda: (MAX_DAMAGE, max_damage(padam, loss="ce", epsilon=epsilon, num_steps=c.padam_steps)),
-        "padam_cos": lambda: (MAX_DAMAGE, max_damage(padam, loss="cos", epsilon=epsilon, num_steps=c.padam_steps)),
-        "sea_mce": lambda: (MAX_DAMAGE, max_damage(sea, loss="mce", **sea_kwargs)),
-        "sea_bce": lambda: (MAX_DAMAGE, max_damage(sea, loss="bce", **sea_kwargs)),
-        "sea_jsd": lambda: (MAX_DAMAGE, max_damage(sea, loss="jsd", **sea_kwargs)),
-        "sea_msl": lambda: (MAX_DAMAGE, max_damage(sea, loss="msl", **sea_kwargs)),
+        "padam_ce": lambda: (MAX_DAMAGE, max_damage(padam, "padam_ce", loss="ce", epsilon=epsilon, num_steps=c.padam_steps)),
+        "padam_cos": lambda: (MAX_DAMAGE, max_damage(padam, "padam_cos", loss="cos", epsilon=epsilon, num_steps=c.padam_steps)),
+        "sea_mce": lambda: (MAX_DAMAGE, max_damage(sea, "sea_mce", loss="mce", **sea_kwargs)),
+        "sea_bce": lambda: (MAX_DAMAGE, max_damage(sea, "sea_bce", loss="bce", **sea_kwargs)),
+        "sea_jsd": lambda: (MAX_DAMAGE, max_damage(sea, "sea_jsd", loss="jsd", **sea_kwargs)),
+        "sea_msl": lambda: (MAX_DAMAGE, max_damage(sea, "sea_msl", loss="msl", **sea_kwargs)),
         "dag_0.001": lambda: (MIN_NORM, min_norm(dag, gamma=0.001, max_iterations=c.dag_iterations)),
         "dag_0.003": lambda: (MIN_NORM, min_norm(dag, gamma=0.003, max_iterations=c.dag_iterations)),
         "pdpgd": lambda: (MIN_NORM, min_norm(pdpgd, num_steps=c.pdpgd_steps)),
