@@ -5,20 +5,25 @@ docs/protocols/perturbation.md.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import perturb_toy as toy
 import pytest
+
+import perturb_toy as toy
 
 from jaxseg_robust.attacks.perturb import (
     BatteryConfig,
+    battery_compile_summary,
     build_battery,
+    dag,
     instance_keys,
     losses,
     padam,
+    run_battery,
     sea,
 )
 from jaxseg_robust.attacks.perturb.common import clamp_unit, member_keys, uniform_start
@@ -46,24 +51,18 @@ def test_every_random_start_member_starts_elsewhere():
         assert not np.allclose(starts[first], starts[second]), (first, second)
 
 
-def test_battery_members_run_from_their_own_keys():
+@pytest.mark.slow
+def test_sea_members_run_from_their_own_keys():
     params = toy.init_params(jax.random.key(1), width=4)
     images, labels = toy.synthetic_batch(8, 2, 8, 8)
     valid = jnp.ones(labels.shape, bool)
     keys = instance_keys(jax.random.key(0), np.arange(2))
-    config = BatteryConfig(num_classes=4, attacks=("padam_ce", "padam_cos", "sea_jsd"), padam_steps=2,
-                           sea_iterations=4, void_policy="ignore")
+    config = BatteryConfig(num_classes=4, attacks=("sea_jsd", "sea_msl"), sea_iterations=4, void_policy="ignore")
     runs = {c.name: c.run(params, images, labels, valid, keys) for c in build_battery(toy.logits_fn, config)}
-    for name, loss in (("padam_ce", "ce"), ("padam_cos", "cos")):
-        own = padam(toy.logits_fn, params, images, labels, valid, member_keys(keys, CANDIDATE_ORDER.index(name)),
-                    loss=loss, num_steps=2)
-        np.testing.assert_array_equal(np.asarray(runs[name].images), np.asarray(own.images))
-    for name, loss in (("sea_jsd", "jsd"),):
+    for name, loss in (("sea_jsd", "jsd"), ("sea_msl", "msl")):
         own = sea(toy.logits_fn, params, images, labels, valid, member_keys(keys, CANDIDATE_ORDER.index(name)),
                   loss=loss, total_iterations=4)
-        np.testing.assert_array_equal(np.asarray(runs[name].images), np.asarray(own.images))
-    shared = padam(toy.logits_fn, params, images, labels, valid, keys, loss="ce", num_steps=2)
-    assert not np.array_equal(np.asarray(runs["padam_ce"].images), np.asarray(shared.images))
+        np.testing.assert_allclose(np.asarray(runs[name].images), np.asarray(own.images), atol=1e-6)
 
 
 def _torch_clamp_gradient(values, weights):
@@ -130,3 +129,39 @@ def test_dag_gradient_matches_torch_clamp():
     np.testing.assert_allclose(np.asarray(grad), expected, atol=1e-5 * scale)
     on_bound = (np.asarray(images) + r0 == 0.0) | (np.asarray(images) + r0 == 1.0)
     assert np.abs(expected[on_bound]).max() > 0
+
+
+def test_battery_compiles_each_family_program_once_per_bucket():
+    params = toy.init_params(jax.random.key(4), width=4)
+    config = BatteryConfig(num_classes=4, attacks=("padam_ce", "padam_cos", "dag_0.001", "dag_0.003"),
+                           padam_steps=1, dag_iterations=1, void_policy="ignore")
+    logits_fn = functools.partial(toy.logits_fn)  # a model of its own: a fresh scoring program
+    candidates = build_battery(logits_fn, config)
+    programs = {c.name: c.program for c in candidates}
+    assert programs["clean"] is None
+    assert programs["padam_ce"] is programs["padam_cos"] and programs["dag_0.001"] is programs["dag_0.003"]
+
+    def batch(seed, height, width):
+        images, labels = toy.synthetic_batch(seed, 2, height, width)
+        return images, labels, jnp.ones(labels.shape, bool), instance_keys(jax.random.key(0), np.arange(2))
+
+    for seed, size in ((1, (8, 8)), (2, (8, 8)), (3, (8, 12)), (4, (8, 8))):
+        images, labels, valid, keys = batch(seed, *size)
+        run_battery(candidates, logits_fn, params, images, labels, valid, keys, num_classes=4)
+    # Each member runs its own loss / step from its own start (fold_in of its candidate index).
+    runs = {c.name: c.run(params, images, labels, valid, keys) for c in candidates}
+    for name, loss in (("padam_ce", "ce"), ("padam_cos", "cos")):
+        own = padam(logits_fn, params, images, labels, valid, member_keys(keys, CANDIDATE_ORDER.index(name)),
+                    loss=loss, num_steps=1)
+        np.testing.assert_allclose(np.asarray(runs[name].images), np.asarray(own.images), atol=1e-6)
+    shared = padam(logits_fn, params, images, labels, valid, keys, loss="ce", num_steps=1)
+    assert not np.allclose(np.asarray(runs["padam_ce"].images), np.asarray(shared.images))
+    for name, gamma in (("dag_0.001", 0.001), ("dag_0.003", 0.003)):
+        own = dag(logits_fn, params, images, labels, valid, gamma=gamma, max_iterations=1, epsilon=EPSILON)
+        np.testing.assert_array_equal(np.asarray(runs[name].info["perturbation_linf"]),
+                                      np.asarray(own.info["perturbation_linf"]))
+    summary = battery_compile_summary(candidates, logits_fn, 4)
+    assert summary["programs"] == 3  # PAdam (both losses), DAG (both steps), scoring
+    assert summary["traces"] == summary["compiles"] == 3 * 2  # once per program and bucket shape
+    assert programs["padam_ce"].traces == programs["dag_0.001"].traces == 2
+    assert summary["compile_seconds"] > 0 and summary["run_seconds"] > 0

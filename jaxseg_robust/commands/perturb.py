@@ -71,6 +71,7 @@ SEMANTIC_DATASETS = ("voc", "cityscapes")
 SELECTION_CHOICES = ("auto", "with-background", "without-background")
 SELECTION_VALUES = {"auto": None, "with-background": True, "without-background": False}
 COMMAND = "perturb"
+COMPILE_LOG = "compile.jsonl"
 EXAMPLE_KEYS = ("image", "adversarial", "labels", "valid", "clean_pred", "adv_pred")
 
 EPILOG = """\
@@ -278,7 +279,7 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from jaxseg_robust.attacks.perturb import instance_keys, prediction_confusions, run_battery  # noqa: PLC0415
+    from jaxseg_robust.attacks.perturb import instance_keys, run_battery, score_program  # noqa: PLC0415
     from jaxseg_robust.models.dense.prompted import tight_box_prompts, with_prompts  # noqa: PLC0415
 
     model = target.model
@@ -306,8 +307,7 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
         if "clean" in result.names:
             clean_confusions = result.confusions[result.names.index("clean")]
         else:
-            clean_confusions = np.asarray(prediction_confusions(logits_fn, params, images, labels, valid,
-                                                                num_classes=num_classes))
+            clean_confusions = np.asarray(score_program(logits_fn, num_classes)(params, images, labels, valid))
         return {"confusions": np.swapaxes(result.confusions, 0, 1), "clean_confusion": clean_confusions,
                 "forwards": result.forwards.T,
                 "backwards": result.backwards.T, "image": np.asarray(batch.image),
@@ -377,11 +377,14 @@ def run(args) -> int:
     try:
         start_processes(args)
         target, instances, battery = prepare(args)
-        summary = run_battery_into(args, target, instances, battery)
+        summary, compiled = run_battery_into(args, target, instances, battery)
     except (CommandError, ValueError, OSError) as error:  # StoreError and DatasetError are ValueErrors
         return report_error(COMMAND, str(error) if isinstance(error, (CommandError, ValueError))
                             else f"{type(error).__name__}: {error}")
     print(summary.format())
+    from jaxseg_robust.attacks.perturb.programs import format_compile_summary  # noqa: PLC0415
+
+    print(f"perturb: {format_compile_summary(compiled)}")
     _report(out, write=not args.no_report)
     if recorded_counts(out)["ok"] == 0:
         return report_error(COMMAND, "no instance could be processed")
@@ -475,8 +478,14 @@ def load_semantic_instances(args, num_classes: int) -> list:
 
 
 def run_battery_into(args, target: Target, instances, battery):
-    """Runs the battery over the instances into ``args.out`` (`jaxseg_robust.runner.engine.run`); the summary."""
-    from jaxseg_robust.attacks.perturb.ensemble import build_battery  # noqa: PLC0415
+    """Runs the battery over the instances into ``args.out`` (`jaxseg_robust.runner.engine.run`).
+
+    Returns:
+      (the engine's `RunSummary`, the battery's compile summary: programs,
+      traces, compiles, compile_seconds, run_seconds; also appended to
+      ``RUN_DIR/compile.jsonl``).
+    """
+    from jaxseg_robust.attacks.perturb.ensemble import battery_compile_summary, build_battery  # noqa: PLC0415
 
     candidates = build_battery(target.model.apply, battery)
     names = tuple(c.name for c in candidates)
@@ -498,6 +507,17 @@ def run_battery_into(args, target: Target, instances, battery):
     saver = ExampleSaver(pathlib.Path(args.out) / "examples", args.examples, names)
     print(f"perturb: {len(instances)} instances, attacks {', '.join(n for n in names if n != 'clean')}, ε = {args.eps}, "
           f"model {target.description['model']} ({target.description['kind']})", flush=True)
-    return run_protocol(args, instances=instances, config=config, model=target, check=None,
-                        batch_fn=make_batch_fn(target, candidates, battery, args.labels, args.seed),
-                        finalize=make_finalize(saver, battery.background_class))
+    summary = run_protocol(args, instances=instances, config=config, model=target, check=None,
+                           batch_fn=make_batch_fn(target, candidates, battery, args.labels, args.seed),
+                           finalize=make_finalize(saver, battery.background_class))
+    compiled = battery_compile_summary(candidates, target.model.apply, battery.num_classes)
+    write_compile_summary(pathlib.Path(args.out), compiled)
+    return summary, compiled
+
+
+def write_compile_summary(out: pathlib.Path, compiled: dict) -> None:
+    """Appends this session's compile / run times (`programs.compile_summary`) to ``RUN_DIR/compile.jsonl``."""
+    import json  # noqa: PLC0415
+
+    with (out / COMPILE_LOG).open("a") as handle:
+        handle.write(json.dumps(compiled) + "\n")

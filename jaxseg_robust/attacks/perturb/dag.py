@@ -73,8 +73,17 @@ def dag_objective(logits_fn: LogitsFn, params, images, labels, mask, perturbatio
     return jnp.sum(pushed), margin
 
 
-@functools.partial(jax.jit, static_argnames=("logits_fn", "gamma", "max_iterations", "threshold", "epsilon"))
-def dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma: float, max_iterations: int = 200,
+def dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma, max_iterations: int = 200,
+        threshold: float = 0.99, epsilon: float | None = None) -> AttackResult:
+    """DAG with ℓ∞-normalised gradient steps (see `_dag`; a Python ``gamma`` must be positive)."""
+    if isinstance(gamma, (int, float)):
+        check_positive(gamma, "gamma")
+    return _dag(logits_fn, params, images, labels, mask, gamma=jnp.asarray(gamma, jnp.float32),
+                max_iterations=max_iterations, threshold=threshold, epsilon=epsilon)
+
+
+@functools.partial(jax.jit, static_argnames=("logits_fn", "max_iterations", "threshold", "epsilon"))
+def _dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma: float, max_iterations: int = 200,
         threshold: float = 0.99, epsilon: float | None = None) -> AttackResult:
     """DAG with ℓ∞-normalised gradient steps.
 
@@ -84,7 +93,7 @@ def dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma: float, max_
       images: f32[B, H, W, 3] clean images in [0, 1].
       labels: int[B, H, W] labels in [0, C).
       mask: bool[B, H, W] attacked pixels (void excluded).
-      gamma: step γ (0.001 and 0.003 in the battery).
+      gamma: step γ (0.001 and 0.003 in the battery); traced, so both members share one program.
       max_iterations: 200 (C-R).
       threshold: success when this fraction of masked pixels is misclassified.
       epsilon: if not None, clip the result into x ± ε (battery behaviour).
@@ -95,7 +104,6 @@ def dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma: float, max_
       (at the last evaluated iterate), ``perturbation_linf`` f32[B] (‖r‖∞ at the end).
     """
     check_attack_inputs(images, labels, mask)
-    gamma = check_positive(gamma, "gamma")
     max_iterations = check_steps(max_iterations, "max_iterations")
     check_positive(threshold, "threshold")
     images = images.astype(jnp.float32)
