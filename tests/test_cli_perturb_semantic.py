@@ -78,7 +78,8 @@ def voc_root(tmp_path_factory) -> pathlib.Path:
 def voc_run(tmp_path_factory, semseg_dir, voc_root):
     out = tmp_path_factory.mktemp("runs") / "voc"
     argv = ["perturb", "--model", str(semseg_dir), "--dataset", "voc", "--data-root", str(voc_root),
-            "--resize", "shorter:24", "--attacks", "padam-cos", "--padam-steps", "1", "--eps", "8/255", "--out", str(out), "--progress", "none", "--examples", "1"]
+            "--resize", "shorter:24", "--attacks", "padam-cos", "--padam-steps", "1", "--eps", "8/255",
+            "--out", str(out), "--progress", "none", "--examples", "1"]
     return main(argv), out
 
 

@@ -505,7 +505,8 @@ def run_battery_into(args, target: Target, instances, battery):
         config.update(dataset=args.dataset, split=args.split, resize=rule_text(resize_rule_of(args)))
         del config["max_side"]
     saver = ExampleSaver(pathlib.Path(args.out) / "examples", args.examples, names)
-    print(f"perturb: {len(instances)} instances, attacks {', '.join(n for n in names if n != 'clean')}, ε = {args.eps}, "
+    attacked = ", ".join(name for name in names if name != "clean")
+    print(f"perturb: {len(instances)} instances, attacks {attacked}, ε = {args.eps}, "
           f"model {target.description['model']} ({target.description['kind']})", flush=True)
     summary = run_protocol(args, instances=instances, config=config, model=target, check=None,
                            batch_fn=make_batch_fn(target, candidates, battery, args.labels, args.seed),
