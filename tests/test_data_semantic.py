@@ -154,3 +154,27 @@ def test_cityscapes_train_ids_order_and_errors(tmp_path):
         list_cityscapes(tmp_path, split="train")
     with pytest.raises(ValueError, match="unknown semantic dataset"):
         list_semantic_dataset("ade20k", tmp_path)
+
+
+def test_semantic_samples_become_multiclass_instances(tmp_path):
+    from jaxseg_robust.data.instances import InstanceError, validate_instance  # noqa: PLC0415
+    from jaxseg_robust.data.semantic import instance_refs, parse_resize_rule, rule_text  # noqa: PLC0415
+
+    _, labels = make_voc(tmp_path, {"a": (6, 8)})
+    (ref,) = instance_refs(list_voc(tmp_path, resize=ResizeRule("none")), 21)
+    instance = ref.load()
+    validate_instance(instance)
+    assert instance.num_classes == 21 and instance.gt.dtype == np.int8
+    expected = labels["a"].astype(np.int16)
+    np.testing.assert_array_equal(instance.gt, np.where(expected == VOID, -1, expected))
+    with pytest.raises(SemanticDatasetError, match=r"a\.png.*outside the model's 5 classes"):
+        instance_refs(list_voc(tmp_path, resize=ResizeRule("none")), 5)[0].load()
+    bad = type(instance)(id="x", image=instance.image, gt=np.full(instance.gt.shape, 21, np.int8), dataset="voc",
+                         num_classes=21)
+    with pytest.raises(InstanceError, match=r"voc/x: gt holds values \[21\] outside \[-1, 21\)"):
+        validate_instance(bad)
+    for text in ("shorter:512", "longer:500", "fixed:512x1024", "none"):
+        assert rule_text(parse_resize_rule(text)) == text
+    assert parse_resize_rule("shorter:512").output_size(375, 500) == (512, 682)
+    with pytest.raises(ValueError, match="fixed:12"):
+        parse_resize_rule("fixed:12")

@@ -94,6 +94,14 @@ def finite_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def add_model_arguments(parser, *, required: bool = True, what: str = "") -> None:
     """--model, --random-weights [SEED] (old spelling --random-init, kept for one release), --compute-dtype.
 

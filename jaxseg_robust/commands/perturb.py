@@ -52,6 +52,7 @@ from jaxseg_robust.commands.flags import (
     add_model_arguments,
     add_run_arguments,
     non_negative_int,
+    positive_float,
     positive_int,
 )
 from jaxseg_robust.commands.loading import load_instances
@@ -66,7 +67,11 @@ ATTACK_GROUPS = {
 }
 DEFAULT_ATTACKS = "padam-ce,padam-cos,sea,dag,alma-prox,pdpgd"
 LABEL_MODES = ("gt", "prediction")
+SEMANTIC_DATASETS = ("voc", "cityscapes")
+SELECTION_CHOICES = ("auto", "with-background", "without-background")
+SELECTION_VALUES = {"auto": None, "with-background": True, "without-background": False}
 COMMAND = "perturb"
+COMPILE_LOG = "compile.jsonl"
 EXAMPLE_KEYS = ("image", "adversarial", "labels", "valid", "clean_pred", "adv_pred")
 
 EPILOG = """\
@@ -95,8 +100,16 @@ def register(subparsers) -> None:
         description="Attack a segmentation model with the L∞ image-perturbation battery of Halmosi et al. "
         "(ECCV'24): PAdam, SEA (APGD), DAG, ALMA prox, PDPGD and their per-image worst case; resumable.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_arguments(parser, required=False, what="; or a converted dense model directory (u2netp, deeplabv3)")
+    add_model_arguments(parser, required=False,
+                        what="; or a converted dense model directory (u2netp, deeplabv3, semseg, upernet)")
     add_dataset_arguments(parser)
+    semantic = parser.add_argument_group("semantic-segmentation datasets (the paper's protocol)")
+    semantic.add_argument("--dataset", choices=SEMANTIC_DATASETS, default=None,
+                          help="PASCAL VOC 2012 or Cityscapes under --data-root (instead of --datasets)")
+    semantic.add_argument("--split", default="val", help="dataset split (default %(default)s)")
+    semantic.add_argument("--resize", default=None, metavar="RULE",
+                          help="shorter:N, longer:N, fixed:HxW or none (default: the paper's, VOC shorter:512, "
+                               "Cityscapes fixed:512x1024)")
     add_run_arguments(parser, default_batch_size=1, default_frame=None)  # images are attacked at their own size
     group = parser.add_argument_group("perturbation battery")
     group.add_argument("--attacks", default=DEFAULT_ATTACKS, help="comma list (default %(default)s; or 'all')")
@@ -105,9 +118,20 @@ def register(subparsers) -> None:
                        help="score against the GT masks (binary models) or the model's clean prediction")
     add_flag(group, "--single-mask", action="store_true",
              help="SAM-family: single-mask output instead of the best of 3 by predicted IoU")
-    add_flag(group, "--void-policy", choices=("ignore", "as_background"), default="ignore",
-             help="max-damage attacks on void (ignore band) pixels (default %(default)s)")
+    add_flag(group, "--void-policy", choices=("ignore", "as_background"), default=None,
+             help="max-damage attacks on void pixels (default: as_background for --dataset voc, else ignore)")
     add_flag(group, "--sea-schedule", choices=("progressive", "single"), default="progressive")
+    add_flag(group, "--msl-track", choices=("masked", "unmasked"), default=None,
+             help="SEA-MSL tracked loss (default: follow --sea-schedule; docs §8.2 #2)")
+    add_flag(group, "--alma-lr-init", type=positive_float, default=1e-4,
+             help="ALMA prox initial step (default %(default)s, the released code; Rony et al.: 1e-3)")
+    add_flag(group, "--include-clean", action=argparse.BooleanOptionalAction, default=True,
+             help="the clean image as the first candidate of the worst case (default on)")
+    add_flag(group, "--select-with-background", choices=SELECTION_CHOICES, default="auto",
+             help="worst-case selection score: each metric variant's own (auto), or always the with- / "
+                  "without-background score")
+    add_flag(group, "--reference-quirks", action=argparse.BooleanOptionalAction, default=True,
+             help="reproduce the reference code's SEA start-accuracy and ALMA derivative quirks (default on)")
     for flag, default in (("--padam-steps", 200), ("--sea-iterations", 300), ("--dag-iterations", 200),
                           ("--alma-steps", 500), ("--pdpgd-steps", 500)):
         add_flag(group, flag, type=positive_int, default=default, help="(default %(default)s)")
@@ -195,7 +219,7 @@ def load_target(name_or_dir: str, *, random_seed: int | None = None, multimask_o
     import jax.numpy as jnp  # noqa: PLC0415
 
     from jaxseg_robust.models import dense, zoo  # noqa: PLC0415
-    from jaxseg_robust.models.dense import deeplabv3, u2net  # noqa: PLC0415
+    from jaxseg_robust.models.dense import deeplabv3, semseg, u2net, upernet  # noqa: PLC0415
     from jaxseg_robust.models.dense.prompted import PromptedSegmenter  # noqa: PLC0415
     from jaxseg_robust.runner.fingerprints import fingerprint_params  # noqa: PLC0415
     from jaxseg_robust.models import store  # noqa: PLC0415
@@ -209,7 +233,8 @@ def load_target(name_or_dir: str, *, random_seed: int | None = None, multimask_o
         params = segmenter.init(jax.random.key(random_seed))
         weights = "random-init" if random_seed == 0 else f"random-init:{random_seed}"
         description = {"model": name_or_dir, "kind": "prompted", "weights": weights}
-    elif path.is_dir() and store.read_meta(path)["family"] in (u2net.FAMILY, deeplabv3.FAMILY):
+    elif path.is_dir() and store.read_meta(path)["family"] in (u2net.FAMILY, deeplabv3.FAMILY, semseg.FAMILY,
+                                                               upernet.FAMILY):
         if compute_dtype is not None:
             raise ValueError("--compute-dtype applies to SAM-family models, not to a dense model")
         model, variables = dense.load_converted(path)
@@ -254,7 +279,7 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from jaxseg_robust.attacks.perturb import instance_keys, run_battery  # noqa: PLC0415
+    from jaxseg_robust.attacks.perturb import instance_keys, run_battery, score_program  # noqa: PLC0415
     from jaxseg_robust.models.dense.prompted import tight_box_prompts, with_prompts  # noqa: PLC0415
 
     model = target.model
@@ -279,7 +304,12 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
         result = run_battery(candidates, logits_fn, params, images, labels, valid, keys, num_classes=num_classes,
                              background_class=background, keep_worst=(("miou", True),))
         worst = result.worst_images[("miou", True)]
-        return {"confusions": np.swapaxes(result.confusions, 0, 1), "forwards": result.forwards.T,
+        if "clean" in result.names:
+            clean_confusions = result.confusions[result.names.index("clean")]
+        else:
+            clean_confusions = np.asarray(score_program(logits_fn, num_classes)(params, images, labels, valid))
+        return {"confusions": np.swapaxes(result.confusions, 0, 1), "clean_confusion": clean_confusions,
+                "forwards": result.forwards.T,
                 "backwards": result.backwards.T, "image": np.asarray(batch.image),
                 "adversarial": worst.astype(np.float16), "labels": np.asarray(labels, np.int16),
                 "valid": np.asarray(valid), "clean_pred": np.asarray(clean_pred, np.int16),
@@ -289,21 +319,31 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
 
 
 def make_finalize(saver: ExampleSaver, background_class: int):
-    """Host-side payload of one instance (statistics only) + example images for the report."""
+    """Host-side payload of one instance (statistics only) + example images for the report.
+
+    The payload: per-candidate ``confusions`` int[K, C, C], ``clean_confusion``
+    int[C, C], attack costs, the image size, the clean and worst per-image
+    mIoU (with background) and the indices of the per-image worst candidates by
+    mIoU and by accuracy (§5; NaN scores never selected).
+    """
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from jaxseg_robust.attacks.perturb import per_image_scores  # noqa: PLC0415
+    from jaxseg_robust.attacks.perturb import per_image_scores, select_worst  # noqa: PLC0415
+
+    def scores(confusions, metric):
+        return per_image_scores(jnp.asarray(confusions, jnp.float32), metric=metric, background_class=background_class)
 
     def finalize(instance, outputs):
         confusions = np.asarray(outputs["confusions"], np.int64)
-        mious = np.asarray(per_image_scores(jnp.asarray(confusions, jnp.float32), metric="miou",
-                                            background_class=background_class), np.float64)
-        finite = np.where(np.isfinite(mious), mious, np.inf)
-        worst = int(np.argmin(finite)) if np.isfinite(finite).any() else 0
-        payload = {"confusions": confusions, "forwards": np.asarray(outputs["forwards"]),
-                   "backwards": np.asarray(outputs["backwards"]), "height": int(instance.image.shape[0]),
-                   "width": int(instance.image.shape[1]), "miou_clean": float(mious[0]),
-                   "miou_worst": float(mious[worst]), "worst_miou": worst}
+        clean = np.asarray(outputs["clean_confusion"], np.int64)
+        mious = np.asarray(scores(confusions, "miou"), np.float64)
+        worst = int(select_worst(mious[:, None])[0][0])
+        worst_accuracy = int(select_worst(np.asarray(scores(confusions, "accuracy"))[:, None])[0][0])
+        payload = {"confusions": confusions, "clean_confusion": clean,
+                   "forwards": np.asarray(outputs["forwards"]), "backwards": np.asarray(outputs["backwards"]),
+                   "height": int(instance.image.shape[0]), "width": int(instance.image.shape[1]),
+                   "miou_clean": float(np.asarray(scores(clean[None], "miou"))[0]),
+                   "miou_worst": float(mious[worst]), "worst_miou": worst, "worst_accuracy": worst_accuracy}
         saver.maybe_save(instance, outputs, payload)
         return payload
 
@@ -337,11 +377,14 @@ def run(args) -> int:
     try:
         start_processes(args)
         target, instances, battery = prepare(args)
-        summary = run_battery_into(args, target, instances, battery)
+        summary, compiled = run_battery_into(args, target, instances, battery)
     except (CommandError, ValueError, OSError) as error:  # StoreError and DatasetError are ValueErrors
         return report_error(COMMAND, str(error) if isinstance(error, (CommandError, ValueError))
                             else f"{type(error).__name__}: {error}")
     print(summary.format())
+    from jaxseg_robust.attacks.perturb.programs import format_compile_summary  # noqa: PLC0415
+
+    print(f"perturb: {format_compile_summary(compiled)}")
     _report(out, write=not args.no_report)
     if recorded_counts(out)["ok"] == 0:
         return report_error(COMMAND, "no instance could be processed")
@@ -356,47 +399,126 @@ def prepare(args):
     """
     from jaxseg_robust.attacks.perturb.ensemble import BatteryConfig  # noqa: PLC0415
 
-    if not args.model or not (args.datasets or args.folder):
-        raise CommandError("give --model and --datasets (or --report-only)")
+    if args.dataset and (args.datasets or args.folder):
+        raise CommandError("give either --dataset (voc, cityscapes) or --datasets / --folder, not both")
+    if not args.model or not (args.datasets or args.folder or args.dataset):
+        raise CommandError("give --model and --dataset or --datasets (or --report-only)")
+    if args.resize is not None and not args.dataset:
+        raise CommandError("--resize applies to --dataset voc|cityscapes (use --max-side with --datasets)")
     check_schedule(args)
     epsilon = parse_epsilon(args.eps)
     attacks = parse_attacks(args.attacks)
     target = load_target(args.model, random_seed=args.random_weights, multimask_output=not args.single_mask,
                          compute_dtype=args.compute_dtype)
     num_classes = int(target.model.num_classes)
-    if args.labels == "gt" and num_classes != 2:
+    if args.dataset:
+        expected = semantic_classes(args.dataset)
+        if num_classes != expected:
+            raise ValueError(f"--dataset {args.dataset} has {expected} classes but {args.model} predicts "
+                             f"{num_classes}")
+    elif args.labels == "gt" and num_classes != 2:
         raise ValueError(f"--labels gt scores binary masks but {args.model} has {num_classes} classes; "
                          f"use --labels prediction")
     if "alma_prox" in attacks and num_classes < 3:
         raise ValueError(f"alma-prox needs a model with >= 3 classes (its DLR constraint uses the top-3 "
                          f"logits); {args.model} has {num_classes}: drop it from --attacks")
-    instances = load_instances(args)
+    instances = load_semantic_instances(args, num_classes) if args.dataset else load_instances(args)
     background = target.model.background_class
-    battery = BatteryConfig(num_classes=num_classes, epsilon=epsilon, void_policy=args.void_policy,
+    battery = BatteryConfig(num_classes=num_classes, epsilon=epsilon, void_policy=void_policy_of(args),
                             background_class=0 if background is None else int(background),
-                            sea_schedule=args.sea_schedule, attacks=attacks, padam_steps=args.padam_steps,
-                            sea_iterations=args.sea_iterations, dag_iterations=args.dag_iterations,
-                            alma_steps=args.alma_steps, pdpgd_steps=args.pdpgd_steps)
+                            sea_schedule=args.sea_schedule, msl_track=args.msl_track,
+                            alma_lr_init=args.alma_lr_init, reference_quirks=args.reference_quirks,
+                            include_clean=args.include_clean,
+                            select_with_background=SELECTION_VALUES[args.select_with_background],
+                            attacks=attacks, padam_steps=args.padam_steps, sea_iterations=args.sea_iterations,
+                            dag_iterations=args.dag_iterations, alma_steps=args.alma_steps,
+                            pdpgd_steps=args.pdpgd_steps)
     return target, instances, battery
 
 
+def semantic_classes(dataset: str) -> int:
+    """C of ``--dataset`` (VOC 21, Cityscapes 19)."""
+    from jaxseg_robust.data.semantic import CLASS_COUNTS  # noqa: PLC0415
+
+    return CLASS_COUNTS[dataset]
+
+
+def void_policy_of(args) -> str:
+    """``--void-policy``, or its default: ``as_background`` for PASCAL VOC (§1.2), else ``ignore``."""
+    if args.void_policy is not None:
+        return args.void_policy
+    return "as_background" if args.dataset == "voc" else "ignore"
+
+
+def resize_rule_of(args):
+    """The `ResizeRule` of ``--resize`` or the paper's protocol of ``--dataset``."""
+    from jaxseg_robust.data import semantic  # noqa: PLC0415
+
+    if args.resize is None:
+        return semantic.VOC_PROTOCOL if args.dataset == "voc" else semantic.CITYSCAPES_PROTOCOL
+    return semantic.parse_resize_rule(args.resize)
+
+
+def load_semantic_instances(args, num_classes: int) -> list:
+    """Lazy multi-class instances of ``--dataset`` under ``--data-root`` (``--split``, ``--resize``, ``--limit``).
+
+    Raises:
+      CommandError: no data root, or a listing error (it names the missing folder or file).
+    """
+    from jaxseg_robust.data import semantic  # noqa: PLC0415
+
+    root = args.data_root or os.environ.get("JAXSEG_ROBUST_DATA")
+    if not root:
+        raise CommandError("--dataset needs --data-root DIR (or $JAXSEG_ROBUST_DATA)")
+    try:
+        refs = semantic.list_semantic_dataset(args.dataset, root, split=args.split, resize=resize_rule_of(args))
+    except ValueError as error:  # SemanticDatasetError, a bad --resize
+        raise CommandError(str(error)) from None
+    return semantic.instance_refs(refs if args.limit is None else refs[:args.limit], num_classes)
+
+
 def run_battery_into(args, target: Target, instances, battery):
-    """Runs the battery over the instances into ``args.out`` (`jaxseg_robust.runner.engine.run`); the summary."""
-    from jaxseg_robust.attacks.perturb.ensemble import build_battery  # noqa: PLC0415
+    """Runs the battery over the instances into ``args.out`` (`jaxseg_robust.runner.engine.run`).
+
+    Returns:
+      (the engine's `RunSummary`, the battery's compile summary: programs,
+      traces, compiles, compile_seconds, run_seconds; also appended to
+      ``RUN_DIR/compile.jsonl``).
+    """
+    from jaxseg_robust.attacks.perturb.ensemble import battery_compile_summary, build_battery  # noqa: PLC0415
 
     candidates = build_battery(target.model.apply, battery)
     names = tuple(c.name for c in candidates)
     config = {"protocol": "perturb", **target.description, "candidates": list(names),
               "num_classes": battery.num_classes, "background_class": target.model.background_class,
               "epsilon": battery.epsilon, "epsilon_text": args.eps, "labels": args.labels,
-              "void_policy": args.void_policy, "sea_schedule": args.sea_schedule,
+              "void_policy": battery.void_policy, "sea_schedule": args.sea_schedule,
+              "msl_track": battery.msl_track, "alma_lr_init": battery.alma_lr_init,
+              "include_clean": battery.include_clean, "select_with_background": battery.select_with_background,
               "budgets": {"padam_steps": args.padam_steps, "sea_iterations": args.sea_iterations,
                           "dag_iterations": args.dag_iterations, "alma_steps": args.alma_steps,
                           "pdpgd_steps": args.pdpgd_steps},
               "reference_quirks": battery.reference_quirks, "max_side": args.max_side, "seed": args.seed}
+    if args.dataset:
+        from jaxseg_robust.data.semantic import rule_text  # noqa: PLC0415
+
+        config.update(dataset=args.dataset, split=args.split, resize=rule_text(resize_rule_of(args)))
+        del config["max_side"]
     saver = ExampleSaver(pathlib.Path(args.out) / "examples", args.examples, names)
-    print(f"perturb: {len(instances)} instances, attacks {', '.join(names[1:])}, ε = {args.eps}, "
+    attacked = ", ".join(name for name in names if name != "clean")
+    print(f"perturb: {len(instances)} instances, attacks {attacked}, ε = {args.eps}, "
           f"model {target.description['model']} ({target.description['kind']})", flush=True)
-    return run_protocol(args, instances=instances, config=config, model=target, check=None,
-                        batch_fn=make_batch_fn(target, candidates, battery, args.labels, args.seed),
-                        finalize=make_finalize(saver, battery.background_class))
+    summary = run_protocol(args, instances=instances, config=config, model=target, check=None,
+                           batch_fn=make_batch_fn(target, candidates, battery, args.labels, args.seed),
+                           finalize=make_finalize(saver, battery.background_class))
+    compiled = battery_compile_summary(candidates, target.model.apply, battery.num_classes)
+    write_compile_summary(pathlib.Path(args.out), compiled)
+    return summary, compiled
+
+
+def write_compile_summary(out: pathlib.Path, compiled: dict) -> None:
+    """Appends this session's compile / run times (`programs.compile_summary`) to ``RUN_DIR/compile.jsonl``."""
+    import json  # noqa: PLC0415
+
+    with (out / COMPILE_LOG).open("a") as handle:
+        handle.write(json.dumps(compiled) + "\n")

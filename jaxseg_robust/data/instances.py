@@ -10,6 +10,9 @@ Conventions:
   * ``gt`` is int8[H, W] with 1 = object, 0 = background, -1 = ignore
     (unlabelled pixels, e.g. the GrabCut/Berkeley boundary band; they count
     neither as object nor as background in any metric);
+  * a *multi-class* instance (``num_classes`` > 2, the semantic datasets of
+    `jaxseg_robust.data.semantic`) holds class indices 0..C-1 in ``gt``,
+    with -1 = void; int8 limits C to `MAX_CLASSES` (127);
   * an instance is identified by its *key* ``(dataset, id)``; ids must be
     unique within a dataset, the runner rejects duplicate keys.
 
@@ -40,6 +43,8 @@ from jaxseg_robust.ops.labels import IGNORE_LABEL
 BACKGROUND_LABEL = 0
 OBJECT_LABEL = 1
 _GT_VALUES = (IGNORE_LABEL, BACKGROUND_LABEL, OBJECT_LABEL)
+BINARY_CLASSES = 2
+MAX_CLASSES = int(np.iinfo(np.int8).max)
 
 
 class InstanceError(ValueError):
@@ -63,6 +68,8 @@ class Instance:
       dataset: name of the dataset the instance belongs to ("" if none).
       source_paths: files the instance was read from (image first, then masks);
         used for the dataset fingerprint and in error messages.
+      num_classes: 2 for a binary object mask (the default); C > 2 for a
+        class-label map with values in [-1, C) (-1 = void).
     """
 
     id: str
@@ -70,6 +77,7 @@ class Instance:
     gt: np.ndarray
     dataset: str = ""
     source_paths: tuple[str, ...] = ()
+    num_classes: int = BINARY_CLASSES
 
     @property
     def key(self) -> tuple[str, str]:
@@ -197,7 +205,7 @@ def validate_instance(instance: Instance) -> None:
       InstanceError: naming the instance, when the key is malformed, ``image``
         is not a uint8[H, W, 3] array with H, W > 0, ``gt`` is not an
         int8[H, W] array of the same H, W, or ``gt`` holds a value outside
-        {-1, 0, 1}.
+        {-1, 0, 1} (binary) or [-1, num_classes) (multi-class).
     """
     validate_key(instance)
     if not isinstance(instance, Instance):
@@ -216,10 +224,18 @@ def validate_instance(instance: Instance) -> None:
         raise InstanceError(f"{name}: gt must be int8[H, W], got {gt.dtype}{list(gt.shape)}")
     if gt.shape != image.shape[:2]:
         raise InstanceError(f"{name}: gt shape {list(gt.shape)} differs from image size {list(image.shape[:2])}")
-    bad = ~np.isin(gt, _GT_VALUES)
+    classes = instance.num_classes
+    if isinstance(classes, bool) or not isinstance(classes, (int, np.integer)) or not 2 <= classes <= MAX_CLASSES:
+        raise InstanceError(f"{name}: num_classes must be an int in [2, {MAX_CLASSES}], got {classes!r}")
+    if classes == BINARY_CLASSES:
+        bad = ~np.isin(gt, _GT_VALUES)
+        allowed = "{-1, 0, 1}"
+    else:
+        bad = (gt < IGNORE_LABEL) | (gt >= classes)
+        allowed = f"[-1, {classes}) (-1 = void)"
     if bad.any():
         values = np.unique(gt[bad])[:5].tolist()
-        raise InstanceError(f"{name}: gt holds values {values} outside {{-1, 0, 1}}")
+        raise InstanceError(f"{name}: gt holds values {values} outside {allowed}")
 
 
 def require_object(instance: Instance) -> None:

@@ -48,6 +48,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from PIL import Image
 
+from jaxseg_robust.data.instances import Instance, InstanceRef
+from jaxseg_robust.ops.labels import IGNORE_LABEL
+
 VOID = 255
 VOC_CLASSES = 21
 CITYSCAPES_CLASSES = 19
@@ -402,3 +405,62 @@ def list_semantic_dataset(name: str, root: str | pathlib.Path, **options) -> lis
 def load_all(refs: Sequence[SemanticRef]) -> list[SemanticSample]:
     """Decodes every sample (small subsets, tests)."""
     return [ref.load() for ref in refs]
+
+
+def parse_resize_rule(text: str) -> ResizeRule:
+    """``"shorter:512"``, ``"longer:512"``, ``"fixed:512x1024"`` (H x W) or ``"none"`` -> `ResizeRule`.
+
+    Raises:
+      ValueError: naming the text.
+    """
+    mode, _, size = str(text).strip().lower().partition(":")
+    try:
+        if mode == "none" and not size:
+            return ResizeRule("none")
+        if mode in ("shorter", "longer"):
+            return ResizeRule(mode, int(size))
+        if mode == "fixed":
+            height, width = (int(v) for v in size.split("x"))
+            return ResizeRule("fixed", (height, width))
+    except ValueError as error:
+        raise ValueError(f"bad resize rule {text!r}: {error}") from None
+    raise ValueError(f"bad resize rule {text!r}; expected shorter:N, longer:N, fixed:HxW or none")
+
+
+def rule_text(rule: ResizeRule) -> str:
+    """The `parse_resize_rule` spelling of ``rule`` (for manifests)."""
+    if rule.mode == "none":
+        return "none"
+    if rule.mode == "fixed":
+        return f"fixed:{rule.size[0]}x{rule.size[1]}"
+    return f"{rule.mode}:{rule.size}"
+
+
+def as_instance(sample: SemanticSample, num_classes: int) -> Instance:
+    """A `SemanticSample` as a multi-class `Instance` (void 255 -> -1).
+
+    Labels outside [0, ``num_classes``) other than `VOID` fail, naming the label file.
+    """
+    labels = np.asarray(sample.labels)
+    bad = (labels != VOID) & (labels >= num_classes)
+    if bad.any():
+        where = sample.source_paths[1] if len(sample.source_paths) > 1 else sample.name
+        raise SemanticDatasetError(f"{where}: labels {np.unique(labels[bad])[:5].tolist()} outside the model's "
+                                   f"{num_classes} classes")
+    gt = np.where(labels == VOID, IGNORE_LABEL, labels).astype(np.int8)
+    return Instance(id=sample.id, image=sample.image, gt=gt, dataset=sample.dataset,
+                    source_paths=sample.source_paths, num_classes=num_classes)
+
+
+def instance_refs(refs: Sequence[SemanticRef], num_classes: int) -> list[InstanceRef]:
+    """Lazy `InstanceRef`s of semantic samples (what the run engine takes).
+
+    Args:
+      refs: from `list_voc` / `list_cityscapes`.
+      num_classes: C of the dataset (and model), at most 127 (int8 labels).
+    """
+    def loader(ref):
+        return lambda: as_instance(ref.load(), num_classes)
+
+    return [InstanceRef(id=ref.id, height=ref.height, width=ref.width, loader=loader(ref), dataset=ref.dataset,
+                        source_paths=ref.source_paths) for ref in refs]

@@ -38,6 +38,7 @@ import numpy as np
 
 from jaxseg_robust.attacks.perturb.ensemble import CANDIDATE_LABELS
 from jaxseg_robust.reports.perturb_scores import aggregate, battery_table
+from jaxseg_robust.reports.perturb_tables import write_paper_tables
 from jaxseg_robust.attacks.perturb.common import per_image_scores
 from jaxseg_robust.reports import tables
 from jaxseg_robust.reports.report_files import report_folder
@@ -62,6 +63,9 @@ class PerturbRun:
       confusions: int64[K, N, C, C] per-candidate per-image confusion matrices.
       forwards, backwards: int64[K, N] attack cost per instance.
       failed: (dataset, id, error) of the failed instances.
+      clean: int64[N, C, C] confusion matrices of the clean predictions (the
+        record's ``clean_confusion``, or the clean candidate's for older runs;
+        None when neither exists).
     """
 
     run_dir: pathlib.Path
@@ -74,6 +78,7 @@ class PerturbRun:
     forwards: np.ndarray
     backwards: np.ndarray
     failed: tuple[tuple[str, str, str], ...]
+    clean: np.ndarray | None = None
 
 
 def load_run(run_dir) -> PerturbRun:
@@ -90,7 +95,7 @@ def load_run(run_dir) -> PerturbRun:
     names = tuple(config["candidates"])
     num_classes = int(config["num_classes"])
     background = config.get("background_class")
-    keys, confusions, forwards, backwards, failed = [], [], [], [], []
+    keys, confusions, forwards, backwards, failed, clean = [], [], [], [], [], []
     for key, record in sorted(latest_records(read_run_records(run_dir)).items()):
         if record["status"] != STATUS_OK:
             failed.append((key[0], key[1], record.get("error") or ""))
@@ -102,6 +107,10 @@ def load_run(run_dir) -> PerturbRun:
                              f"{(len(names), num_classes, num_classes)}")
         keys.append(key)
         confusions.append(confusion)
+        if "clean_confusion" in payload:
+            clean.append(np.asarray(payload["clean_confusion"], np.int64))
+        elif "clean" in names:
+            clean.append(confusion[names.index("clean")])
         forwards.append(np.asarray(payload["forwards"], np.int64))
         backwards.append(np.asarray(payload["backwards"], np.int64))
     k, c = len(names), num_classes
@@ -109,7 +118,9 @@ def load_run(run_dir) -> PerturbRun:
     return PerturbRun(run_dir=run_dir, config=config, names=names, num_classes=num_classes,
                       background_class=None if background is None else int(background), keys=tuple(keys),
                       confusions=stack(confusions, (k, 0, c, c)), forwards=stack(forwards, (k, 0)),
-                      backwards=stack(backwards, (k, 0)), failed=tuple(failed))
+                      backwards=stack(backwards, (k, 0)), failed=tuple(failed),
+                      clean=(np.stack(clean) if clean else np.zeros((0, c, c), np.int64))
+                      if len(clean) == len(keys) else None)
 
 
 def _modes(run: PerturbRun) -> list[tuple[str, bool]]:
@@ -135,7 +146,8 @@ def metric_rows(run: PerturbRun) -> list[dict]:
         return rows
     for mode, with_background in _modes(run):
         table = battery_table(run.names, run.confusions, with_background=with_background,
-                              background_class=run.background_class or 0)
+                              background_class=run.background_class or 0,
+                              select_with_background=run.config.get("select_with_background"))
         for name, values in table.items():
             rows.append({"mode": mode, "attack": "aggregated" if name == "aggregated" else label(name),
                          **{k: values[k] for k in METRIC_COLUMNS}, "images": run.confusions.shape[1]})
@@ -170,7 +182,11 @@ def image_mious(run: PerturbRun) -> tuple[np.ndarray, np.ndarray]:
     scores = np.asarray(per_image_scores(jnp.asarray(run.confusions, jnp.float32), metric="miou",
                                          background_class=bg), np.float64)
     index, _ = aggregate(run.confusions, metric="miou", background_class=bg)
-    clean = scores[run.names.index("clean") if "clean" in run.names else 0]
+    if run.clean is not None:
+        clean = np.asarray(per_image_scores(jnp.asarray(run.clean, jnp.float32), metric="miou",
+                                            background_class=bg), np.float64)
+    else:
+        clean = scores[0]
     return clean, scores[index, np.arange(scores.shape[1])]
 
 
@@ -285,6 +301,11 @@ def write_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
     rows = metric_rows(run)
     wins = win_counts(run)
     paths["table_md"].write_text(summary_markdown(run) + "\n")
+    paper = {}
+    if run.keys and run.clean is not None:
+        model_label = pathlib.Path(str(run.config.get("model", "model"))).name
+        paper = write_paper_tables(run, out, model_label)
+        paths.update(paper)
     _write_csv(paths["table_csv"], rows)
     _write_csv(paths["wins_csv"], wins)
     parts = [f"# Perturbation attacks: {run.config.get('model', '?')}", "",
@@ -293,6 +314,9 @@ def write_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
              summary_markdown(run), "", "## Per-image worst case: wins per attack (with background)", "",
              markdown_table(wins, ("attack", "wins_miou", "wins_accuracy"),
                             ("attack", "images (by mIoU)", "images (by accuracy)"), percent=()), ""]
+    if paper:
+        parts += ["## As in the paper's tables (clean / robust, %)", "", paper["worst_case_md"].read_text(),
+                  "## Per attack (paper's order)", "", paper["per_attack_md"].read_text()]
     if run.keys:
         clean, robust = image_mious(run)
         paths["histogram"] = out / "miou_hist.png"

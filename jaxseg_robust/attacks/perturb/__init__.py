@@ -9,7 +9,7 @@ Modules: ``common`` (result type, void policy, projection, per-image
 statistics), ``losses``, ``amsgrad`` (PyTorch-style AMSGrad for optax),
 ``padam`` (PAdam-CE/Cos), ``apgd`` (APGD core, radius schedules), ``sea``
 (SEA-BCE/MCE/JSD/MSL), ``dag``, ``alma_prox``, ``pdpgd``, ``ensemble``
-(battery, per-image worst case; the dataset scores of its records are in
+(battery, per-image worst case), ``programs`` (compiled once per bucket; the dataset scores of its records are in
 `jaxseg_robust.reports.perturb_scores`).
 """
 
@@ -32,12 +32,15 @@ from jaxseg_robust.attacks.perturb.ensemble import (
     BatteryConfig,
     BatteryResult,
     Candidate,
+    battery_compile_summary,
     build_battery,
     prediction_confusions,
     run_battery,
+    score_program,
     select_worst,
     update_worst,
 )
+from jaxseg_robust.attacks.perturb.programs import CompiledProgram, compile_summary
 from jaxseg_robust.attacks.perturb.padam import padam
 from jaxseg_robust.attacks.perturb.pdpgd import pdpgd
 from jaxseg_robust.attacks.perturb.sea import sea
@@ -50,12 +53,15 @@ __all__ = [
     "BatteryConfig",
     "BatteryResult",
     "Candidate",
+    "CompiledProgram",
     "Stage",
     "alma_prox",
     "apgd",
     "attack_targets",
+    "battery_compile_summary",
     "build_battery",
     "checkpoint_schedule",
+    "compile_summary",
     "dag",
     "image_confusions",
     "instance_keys",
@@ -66,6 +72,7 @@ __all__ = [
     "progressive_stages",
     "project_linf",
     "run_battery",
+    "score_program",
     "scale_by_torch_amsgrad",
     "sea",
     "select_worst",

@@ -156,6 +156,24 @@ def tracked_pixel_loss(name: str, logits, labels, mask) -> jnp.ndarray:
     raise ValueError(f"track_loss must be one of {TRACKED_LOSSES}, got {name!r}")
 
 
+def select_loss(pixel_loss, names, loss_index, *args) -> jnp.ndarray:
+    """``pixel_loss(name, *args)`` for one static name, or ``lax.switch`` over a tuple of names by ``loss_index``.
+
+    One compiled program then serves several battery members (§5, compile
+    once): only the loss differs between the branches, the model's forward and
+    backward pass are shared.
+    """
+    if isinstance(names, str):
+        return pixel_loss(names, *args)
+    return lax.switch(loss_index, [functools.partial(pixel_loss, name) for name in names], *args)
+
+
+def _check_names(names, known, what: str) -> None:
+    for name in (names,) if isinstance(names, str) else tuple(names):
+        if name not in known:
+            raise ValueError(f"{what} must be one of {known} (or a tuple of them), got {name!r}")
+
+
 class _State(NamedTuple):
     event: jnp.ndarray           # int32 scalar
     xa: jnp.ndarray              # current iterate
@@ -177,9 +195,9 @@ class _State(NamedTuple):
 
 @functools.partial(jax.jit, static_argnames=("logits_fn", "loss", "track_loss", "epsilon", "stages", "early_stop",
                                              "accept_if_improved", "reference_quirks"))
-def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str, track_loss: str, epsilon: float,
-         stages: tuple[Stage, ...], early_stop: bool, accept_if_improved: bool = False,
-         reference_quirks: bool = True) -> AttackResult:
+def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str | tuple[str, ...],
+         track_loss: str | tuple[str, ...], epsilon: float, stages: tuple[Stage, ...], early_stop: bool,
+         accept_if_improved: bool = False, reference_quirks: bool = True, loss_index=None) -> AttackResult:
     """APGD over a radius schedule (§3.1-§3.2), maximising a masked per-pixel loss.
 
     Args:
@@ -197,6 +215,9 @@ def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str, 
       accept_if_improved: C-R's single-run wrapper: return the result only if
         its accuracy (void counted correct) is < 1, else the clean image.
       reference_quirks: the start point's accuracy counts void as wrong (§3.5).
+      loss_index: with tuples of names for ``loss`` and ``track_loss`` (equal
+        lengths), the traced int32 index of the pair to use (one program for
+        several SEA members).
 
     Returns:
       AttackResult: images = the last stage's lowest-accuracy iterate (or the
@@ -208,10 +229,11 @@ def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str, 
       of the last stage), ``step_size`` f32[B] (final η).
     """
     check_attack_inputs(images, labels, mask)
-    if loss not in OPTIMIZED_LOSSES:
-        raise ValueError(f"loss must be one of {OPTIMIZED_LOSSES}, got {loss!r}")
-    if track_loss not in TRACKED_LOSSES:
-        raise ValueError(f"track_loss must be one of {TRACKED_LOSSES}, got {track_loss!r}")
+    _check_names(loss, OPTIMIZED_LOSSES, "loss")
+    _check_names(track_loss, TRACKED_LOSSES, "track_loss")
+    if not isinstance(loss, str) or not isinstance(track_loss, str):
+        if isinstance(loss, str) or isinstance(track_loss, str) or len(loss) != len(track_loss) or loss_index is None:
+            raise ValueError("loss and track_loss tuples need equal lengths and a loss_index")
     epsilon = check_positive(epsilon, "epsilon")
     if not stages or not all(isinstance(stage, Stage) for stage in stages):
         raise ValueError(f"stages must be a non-empty tuple of Stage, got {stages!r}")
@@ -226,7 +248,8 @@ def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str, 
 
     def objective(points, segpgd_weight):
         logits = logits_fn(params, points)
-        per_image = losses.image_mean(optimized_pixel_loss(loss, logits, labels, mask, segpgd_weight), mask)
+        per_pixel = select_loss(optimized_pixel_loss, loss, loss_index, logits, labels, mask, segpgd_weight)
+        per_image = losses.image_mean(per_pixel, mask)
         return jnp.sum(per_image), logits
 
     ctx = _Context(images=images, labels=labels, mask=mask, tables=jax.tree.map(jnp.asarray, events),
@@ -234,6 +257,7 @@ def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str, 
                    valid_count=valid_count, void_count=height * width - valid_count, num_pixels=height * width,
                    random_start=uniform_start(keys, images, stages[0].scale * epsilon),
                    value_and_grad=jax.value_and_grad(objective, has_aux=True), track_loss=track_loss,
+                   loss_index=loss_index,
                    early_stop=early_stop, reference_quirks=reference_quirks)
     zeros_image = jnp.zeros_like(images)
     zeros_batch = jnp.zeros(batch, jnp.float32)
@@ -269,7 +293,8 @@ class _Context(NamedTuple):
     num_pixels: int
     random_start: jnp.ndarray
     value_and_grad: object
-    track_loss: str
+    track_loss: str | tuple[str, ...]
+    loss_index: jnp.ndarray | None
     early_stop: bool
     reference_quirks: bool
 
@@ -332,7 +357,8 @@ def _apgd_event(ctx: _Context, state: _State) -> _State:
     point = jnp.where(is_start, start_point, stepped)
 
     (_, logits), grad = ctx.value_and_grad(point, row.segpgd_weight)
-    tracked = losses.image_mean(tracked_pixel_loss(ctx.track_loss, logits, ctx.labels, ctx.mask), ctx.mask)
+    tracked = losses.image_mean(select_loss(tracked_pixel_loss, ctx.track_loss, ctx.loss_index, logits, ctx.labels,
+                                            ctx.mask), ctx.mask)
     correct = count_pixels(correct_pixels(logits, ctx.labels, ctx.mask))
     acc = _accuracy(ctx, correct, is_start)
 

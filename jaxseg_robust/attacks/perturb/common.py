@@ -184,6 +184,38 @@ def clip_to_ball(points, clean, epsilon) -> jnp.ndarray:
     return jnp.clip(points, clean - radius, clean + radius)
 
 
+@jax.custom_jvp
+def clamp_unit(values) -> jnp.ndarray:
+    """``clip(values, 0, 1)`` with ``torch.clamp``'s gradient (§4.1).
+
+    torch's clamp passes the gradient where ``0 <= x <= 1`` (both bounds
+    included) and 0 elsewhere; ``jnp.clip`` passes 1/2 at a pixel exactly on a
+    bound (its max/min split ties), which changes DAG's first step on
+    saturated pixels (0 or 255 in the 8-bit image).
+    """
+    return jnp.clip(values, 0.0, 1.0)
+
+
+@clamp_unit.defjvp
+def _clamp_unit_jvp(primals, tangents):
+    (values,), (tangent,) = primals, tangents
+    inside = (values >= 0.0) & (values <= 1.0)
+    return jnp.clip(values, 0.0, 1.0), jnp.where(inside, tangent, jnp.zeros_like(tangent))
+
+
+def member_keys(keys, attack_index: int) -> jnp.ndarray:
+    """Per-member keys ``fold_in(key, attack_index)`` for every image key (§5: each member's own start).
+
+    Args:
+      keys: typed key array [B] (from :func:`instance_keys`).
+      attack_index: the member's index in the battery's candidate order.
+
+    Returns:
+      Typed key array [B].
+    """
+    return jax.vmap(lambda key: jax.random.fold_in(key, attack_index))(keys)
+
+
 def linf_norm(values) -> jnp.ndarray:
     """Per-image L∞ norm of f32[B, ...] -> f32[B]."""
     return jnp.max(jnp.abs(values).reshape(values.shape[0], -1), axis=1)

@@ -7,6 +7,7 @@ Section numbers (§) refer to docs/protocols/perturbation.md.
         x̃ = clip(x + r, 0, 1);  d_p = z_y - max_{k≠y} z_k
         success when Σ_p m_p·[d_p < 0] / Σ_p m_p >= 0.99: out <- x̃, deactivate
         otherwise r <- r - γ·G / max(‖G‖∞, 1e-8),  G = ∇_r Σ_p m_p·max(d_p, 0)
+                   (through the clip with torch.clamp's gradient: 1 on [0, 1], bounds included)
     return out                 (first successful iterate; the clean image if never successful)
 
 Per image instead of adv-lib's shrinking batch: a fixed loop with an
@@ -32,6 +33,7 @@ from jaxseg_robust.attacks.perturb.common import (
     check_attack_inputs,
     check_positive,
     check_steps,
+    clamp_unit,
     clip_to_ball,
     count_pixels,
     linf_norm,
@@ -54,8 +56,34 @@ def success_fraction(flags, mask) -> jnp.ndarray:
     return count_pixels(flags & mask).astype(jnp.float32) / count_pixels(mask).astype(jnp.float32)
 
 
-@functools.partial(jax.jit, static_argnames=("logits_fn", "gamma", "max_iterations", "threshold", "epsilon"))
-def dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma: float, max_iterations: int = 200,
+def dag_objective(logits_fn: LogitsFn, params, images, labels, mask, perturbation):
+    """DAG's objective ``Σ_p m_p·max(d_p, 0)`` at ``clamp(x + r, 0, 1)`` and the margins d (§4.1).
+
+    Args:
+      images, perturbation: f32[B, H, W, 3] (x and r); labels int[B, H, W]; mask bool[B, H, W].
+
+    Returns:
+      (scalar f32 summed over the batch, margins f32[B, H, W]). Its gradient
+      in ``perturbation`` is adv-lib's: the clip differentiates as
+      ``torch.clamp`` (`common.clamp_unit`).
+    """
+    logits = logits_fn(params, clamp_unit(images + perturbation))
+    margin = losses.logit_margin(logits, labels)
+    pushed = jax.nn.relu(jnp.where(mask, margin, 0.0))
+    return jnp.sum(pushed), margin
+
+
+def dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma, max_iterations: int = 200,
+        threshold: float = 0.99, epsilon: float | None = None) -> AttackResult:
+    """DAG with ℓ∞-normalised gradient steps (see `_dag`; a Python ``gamma`` must be positive)."""
+    if isinstance(gamma, (int, float)):
+        check_positive(gamma, "gamma")
+    return _dag(logits_fn, params, images, labels, mask, gamma=jnp.asarray(gamma, jnp.float32),
+                max_iterations=max_iterations, threshold=threshold, epsilon=epsilon)
+
+
+@functools.partial(jax.jit, static_argnames=("logits_fn", "max_iterations", "threshold", "epsilon"))
+def _dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma: float, max_iterations: int = 200,
         threshold: float = 0.99, epsilon: float | None = None) -> AttackResult:
     """DAG with ℓ∞-normalised gradient steps.
 
@@ -65,7 +93,7 @@ def dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma: float, max_
       images: f32[B, H, W, 3] clean images in [0, 1].
       labels: int[B, H, W] labels in [0, C).
       mask: bool[B, H, W] attacked pixels (void excluded).
-      gamma: step γ (0.001 and 0.003 in the battery).
+      gamma: step γ (0.001 and 0.003 in the battery); traced, so both members share one program.
       max_iterations: 200 (C-R).
       threshold: success when this fraction of masked pixels is misclassified.
       epsilon: if not None, clip the result into x ± ε (battery behaviour).
@@ -76,17 +104,12 @@ def dag(logits_fn: LogitsFn, params, images, labels, mask, *, gamma: float, max_
       (at the last evaluated iterate), ``perturbation_linf`` f32[B] (‖r‖∞ at the end).
     """
     check_attack_inputs(images, labels, mask)
-    gamma = check_positive(gamma, "gamma")
     max_iterations = check_steps(max_iterations, "max_iterations")
     check_positive(threshold, "threshold")
     images = images.astype(jnp.float32)
     batch = images.shape[0]
 
-    def objective(perturbation):
-        logits = logits_fn(params, jnp.clip(images + perturbation, 0.0, 1.0))
-        margin = losses.logit_margin(logits, labels)
-        pushed = jax.nn.relu(jnp.where(mask, margin, 0.0))
-        return jnp.sum(pushed), margin
+    objective = functools.partial(dag_objective, logits_fn, params, images, labels, mask)
 
     def body(state: _DagState) -> _DagState:
         (_, margin), grad = jax.value_and_grad(objective, has_aux=True)(state.perturbation)

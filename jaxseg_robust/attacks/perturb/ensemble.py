@@ -38,11 +38,13 @@ from jaxseg_robust.attacks.perturb.common import (
     check_positive,
     check_steps,
     image_confusions,
+    member_keys,
     per_image_scores,
 )
 from jaxseg_robust.attacks.perturb.dag import dag
 from jaxseg_robust.attacks.perturb.padam import padam
 from jaxseg_robust.attacks.perturb.pdpgd import pdpgd
+from jaxseg_robust.attacks.perturb.programs import CompiledProgram, compile_summary
 from jaxseg_robust.attacks.perturb.sea import MSL_TRACKS, SEA_SCHEDULES, sea
 
 CANDIDATE_ORDER = ("clean", "padam_ce", "padam_cos", "sea_mce", "sea_bce", "sea_jsd", "sea_msl", "dag_0.001",
@@ -119,15 +121,27 @@ class BatteryConfig:
 
 # A candidate maps (params, images f32[B,H,W,3], labels int[B,H,W], valid bool[B,H,W], keys [B]) -> AttackResult.
 CandidateFn = Callable[[Any, jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray], AttackResult]
+# Which shared program runs each member, and the member's traced argument (loss index or DAG γ).
+PROGRAM_OF = {"padam_ce": ("padam", 0), "padam_cos": ("padam", 1), "sea_mce": ("sea", 0), "sea_bce": ("sea", 1),
+              "sea_jsd": ("sea", 2), "sea_msl": ("sea", 3), "dag_0.001": ("dag", 0.001),
+              "dag_0.003": ("dag", 0.003), "pdpgd": ("pdpgd", 0), "alma_prox": ("alma_prox", 0)}
+PADAM_MEMBER_LOSSES = ("ce", "cos")
+SEA_MEMBER_LOSSES = ("mce", "bce", "jsd", "msl")
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One battery member: ``name`` (see ``CANDIDATE_ORDER``), attack ``family`` and its jitted ``run``."""
+    """One battery member: ``name`` (see ``CANDIDATE_ORDER``), attack ``family``, its ``run`` and shared ``program``.
+
+    ``program`` (a `programs.CompiledProgram`, None for the clean image) is
+    shared by the members of one attack family; ``run`` calls it with the
+    member's own key fold and loss index / step.
+    """
 
     name: str
     family: str
     run: CandidateFn
+    program: CompiledProgram | None = None
 
 
 def _clean(params, images, labels, valid, keys) -> AttackResult:
@@ -136,8 +150,47 @@ def _clean(params, images, labels, valid, keys) -> AttackResult:
     return AttackResult(images=images, forwards=zeros, backwards=zeros, info={})
 
 
+def _family_programs(logits_fn: LogitsFn, config: BatteryConfig, wanted: set[str]) -> dict[str, CompiledProgram]:
+    """The shared programs ``(params, images, labels, valid, keys, attack_index, member) -> AttackResult``."""
+    c = config
+    epsilon = float(c.epsilon)
+
+    def targets(labels, valid, family):
+        return attack_targets(labels, valid, num_classes=c.num_classes, family=family, void_policy=c.void_policy,
+                              background_class=c.background_class)
+
+    def padam_program(params, images, labels, valid, keys, attack_index, member):
+        y, m = targets(labels, valid, MAX_DAMAGE)
+        return padam(logits_fn, params, images, y, m, member_keys(keys, attack_index), loss=PADAM_MEMBER_LOSSES,
+                     loss_index=member, epsilon=epsilon, num_steps=c.padam_steps)
+
+    def sea_program(params, images, labels, valid, keys, attack_index, member):
+        y, m = targets(labels, valid, MAX_DAMAGE)
+        return sea(logits_fn, params, images, y, m, member_keys(keys, attack_index), loss=SEA_MEMBER_LOSSES,
+                   loss_index=member, epsilon=epsilon, schedule=c.sea_schedule, total_iterations=c.sea_iterations,
+                   msl_track=c.msl_track, reference_quirks=c.reference_quirks)
+
+    def min_norm(attack, **kwargs):
+        def program(params, images, labels, valid, keys, attack_index, member):
+            del keys, attack_index, member
+            y, m = targets(labels, valid, MIN_NORM)
+            return attack(logits_fn, params, images, y, m, epsilon=epsilon, **kwargs)
+        return program
+
+    def dag_program(params, images, labels, valid, keys, attack_index, member):
+        del keys, attack_index
+        y, m = targets(labels, valid, MIN_NORM)
+        return dag(logits_fn, params, images, y, m, gamma=member, max_iterations=c.dag_iterations, epsilon=epsilon)
+
+    makers = {"padam": lambda: padam_program, "sea": lambda: sea_program, "dag": lambda: dag_program,
+              "pdpgd": lambda: min_norm(pdpgd, num_steps=c.pdpgd_steps),
+              "alma_prox": lambda: min_norm(alma_prox, num_steps=c.alma_steps, lr_init=c.alma_lr_init,
+                                            reference_quirks=c.reference_quirks)}
+    return {name: CompiledProgram(name, makers[name]()) for name in makers if name in wanted}
+
+
 def build_battery(logits_fn: LogitsFn, config: BatteryConfig) -> tuple[Candidate, ...]:
-    """The battery's candidates for one model, each jitted once (per input shape).
+    """The battery's candidates for one model; members of a family share one program compiled once per bucket.
 
     Args:
       logits_fn: ``(params, f32[B,H,W,3]) -> f32[B,H,W,C]`` with C = ``config.num_classes``.
@@ -146,49 +199,46 @@ def build_battery(logits_fn: LogitsFn, config: BatteryConfig) -> tuple[Candidate
     Returns:
       Tuple of :class:`Candidate` in C-R order. ``run(params, images, labels,
       valid, keys)`` takes dataset labels (void = any value outside [0, C) or
-      ``valid`` False) and applies the family's void policy (§1.2) itself.
+      ``valid`` False) and applies the family's void policy (§1.2) itself;
+      every member folds its index in ``CANDIDATE_ORDER`` into the image keys
+      (its own random start).
     """
-    c = config
-    epsilon = float(c.epsilon)
+    names = config.candidate_names()
+    programs = _family_programs(logits_fn, config, {PROGRAM_OF[name][0] for name in names if name != "clean"})
 
-    def targets(labels, valid, family):
-        return attack_targets(labels, valid, num_classes=c.num_classes, family=family, void_policy=c.void_policy,
-                              background_class=c.background_class)
+    def member_run(program, attack_index, member):
+        dtype = jnp.float32 if isinstance(member, float) else jnp.int32
 
-    def max_damage(attack, **kwargs):
         def run(params, images, labels, valid, keys):
-            y, m = targets(labels, valid, MAX_DAMAGE)
-            return attack(logits_fn, params, images, y, m, keys, **kwargs)
-        return jax.jit(run)
+            return program(params, images, labels, valid, keys, jnp.asarray(attack_index, jnp.uint32),
+                           jnp.asarray(member, dtype))
+        return run
 
-    def min_norm(attack, **kwargs):
-        def run(params, images, labels, valid, keys):
-            del keys
-            y, m = targets(labels, valid, MIN_NORM)
-            return attack(logits_fn, params, images, y, m, epsilon=epsilon, **kwargs)
-        return jax.jit(run)
-
-    sea_kwargs = dict(epsilon=epsilon, schedule=c.sea_schedule, total_iterations=c.sea_iterations,
-                      msl_track=c.msl_track, reference_quirks=c.reference_quirks)
-    makers: Mapping[str, Callable[[], tuple[str, CandidateFn]]] = {
-        "clean": lambda: (MAX_DAMAGE, _clean),
-        "padam_ce": lambda: (MAX_DAMAGE, max_damage(padam, loss="ce", epsilon=epsilon, num_steps=c.padam_steps)),
-        "padam_cos": lambda: (MAX_DAMAGE, max_damage(padam, loss="cos", epsilon=epsilon, num_steps=c.padam_steps)),
-        "sea_mce": lambda: (MAX_DAMAGE, max_damage(sea, loss="mce", **sea_kwargs)),
-        "sea_bce": lambda: (MAX_DAMAGE, max_damage(sea, loss="bce", **sea_kwargs)),
-        "sea_jsd": lambda: (MAX_DAMAGE, max_damage(sea, loss="jsd", **sea_kwargs)),
-        "sea_msl": lambda: (MAX_DAMAGE, max_damage(sea, loss="msl", **sea_kwargs)),
-        "dag_0.001": lambda: (MIN_NORM, min_norm(dag, gamma=0.001, max_iterations=c.dag_iterations)),
-        "dag_0.003": lambda: (MIN_NORM, min_norm(dag, gamma=0.003, max_iterations=c.dag_iterations)),
-        "pdpgd": lambda: (MIN_NORM, min_norm(pdpgd, num_steps=c.pdpgd_steps)),
-        "alma_prox": lambda: (MIN_NORM, min_norm(alma_prox, num_steps=c.alma_steps, lr_init=c.alma_lr_init,
-                                                 reference_quirks=c.reference_quirks)),
-    }
     candidates = []
-    for name in c.candidate_names():
-        family, run = makers[name]()
-        candidates.append(Candidate(name=name, family=family, run=run))
+    for name in names:
+        if name == "clean":
+            candidates.append(Candidate(name=name, family=MAX_DAMAGE, run=_clean))
+            continue
+        family_name, member = PROGRAM_OF[name]
+        program = programs[family_name]
+        family = MAX_DAMAGE if family_name in ("padam", "sea") else MIN_NORM
+        candidates.append(Candidate(name=name, family=family, program=program,
+                                    run=member_run(program, CANDIDATE_ORDER.index(name), member)))
     return tuple(candidates)
+
+
+@functools.lru_cache(maxsize=32)
+def score_program(logits_fn: LogitsFn, num_classes: int) -> CompiledProgram:
+    """The scoring program ``(params, images, labels, valid) -> int32[B, C, C]`` of a model (one per process)."""
+    def score(params, images, labels, valid):
+        return image_confusions(logits_fn(params, images), labels, valid, num_classes=num_classes)
+    return CompiledProgram("score", score)
+
+
+def battery_compile_summary(candidates: Sequence[Candidate], logits_fn: LogitsFn, num_classes: int) -> dict:
+    """`programs.compile_summary` over the candidates' programs and the model's scoring program."""
+    programs = [c.program for c in candidates if c.program is not None]
+    return compile_summary([*programs, score_program(logits_fn, num_classes)])
 
 
 @functools.partial(jax.jit, static_argnames=("logits_fn", "num_classes"))
@@ -279,7 +329,7 @@ def run_battery(candidates: Sequence[Candidate], logits_fn: LogitsFn, params, im
                        images) for rule in keep_worst}
     for index, candidate in enumerate(candidates):
         result = candidate.run(params, images, labels, valid, keys)
-        confusion = prediction_confusions(logits_fn, params, result.images, labels, valid, num_classes=num_classes)
+        confusion = score_program(logits_fn, num_classes)(params, result.images, labels, valid)
         for rule, (best_index, best_score, best_images) in trackers.items():
             score = per_image_scores(confusion, metric=rule[0], with_background=rule[1],
                                      background_class=background_class)

@@ -44,11 +44,15 @@ def padam_pixel_loss(logits, labels, loss: str) -> jnp.ndarray:
     raise ValueError(f"loss must be one of {PADAM_LOSSES}, got {loss!r}")
 
 
+def _named_pixel_loss(name: str, logits, labels) -> jnp.ndarray:
+    return padam_pixel_loss(logits, labels, name)
+
+
 @functools.partial(jax.jit, static_argnames=("logits_fn", "loss", "epsilon", "num_steps", "step_size", "b1", "b2",
                                              "adam_eps"))
-def padam(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str = "cos",
+def padam(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str | tuple[str, ...] = "cos",
           epsilon: float = DEFAULT_EPSILON, num_steps: int = 200, step_size: float = 2.0 / 255.0,
-          b1: float = 0.9, b2: float = 0.999, adam_eps: float = 1e-8) -> AttackResult:
+          b1: float = 0.9, b2: float = 0.999, adam_eps: float = 1e-8, loss_index=None) -> AttackResult:
     """PAdam attack (maximises the masked mean loss inside the L∞ ball ∩ [0, 1]).
 
     Args:
@@ -63,6 +67,8 @@ def padam(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str 
       num_steps: T = 200 gradient steps.
       step_size: Adam learning rate η = 2/255.
       b1, b2, adam_eps: AMSGrad constants (PyTorch defaults).
+      loss_index: with ``loss`` a tuple of names, the traced int32 index of the
+        one to use (one compiled program for PAdam-CE and PAdam-Cos).
 
     Returns:
       AttackResult: images = last iterate; forwards = backwards = T;
@@ -70,8 +76,11 @@ def padam(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str 
       before the final update).
     """
     check_attack_inputs(images, labels, mask)
-    if loss not in PADAM_LOSSES:
-        raise ValueError(f"loss must be one of {PADAM_LOSSES}, got {loss!r}")
+    for name in (loss,) if isinstance(loss, str) else loss:
+        if name not in PADAM_LOSSES:
+            raise ValueError(f"loss must be one of {PADAM_LOSSES} (or a tuple of them), got {name!r}")
+    if not isinstance(loss, str) and loss_index is None:
+        raise ValueError("a tuple of losses needs a loss_index")
     epsilon = check_positive(epsilon, "epsilon")
     num_steps = check_steps(num_steps, "num_steps")
     check_positive(step_size, "step_size")
@@ -80,7 +89,12 @@ def padam(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str 
 
     def objective(delta):
         logits = logits_fn(params, images + delta)
-        per_image = losses.image_mean(padam_pixel_loss(logits, labels, loss), mask)
+        if isinstance(loss, str):
+            per_pixel = padam_pixel_loss(logits, labels, loss)
+        else:
+            branches = [functools.partial(_named_pixel_loss, name) for name in loss]
+            per_pixel = lax.switch(loss_index, branches, logits, labels)
+        per_image = losses.image_mean(per_pixel, mask)
         return jnp.sum(per_image), per_image
 
     def step(_, carry):

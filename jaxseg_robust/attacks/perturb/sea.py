@@ -43,9 +43,9 @@ def sea_losses(loss: str, schedule: str = "progressive", msl_track: str | None =
     return _OPTIMIZED[loss], "masked_spherical" if msl_track == "masked" else "spherical"
 
 
-def sea(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str, epsilon: float = DEFAULT_EPSILON,
-        schedule: str = "progressive", total_iterations: int = 300, msl_track: str | None = None,
-        reference_quirks: bool = True) -> AttackResult:
+def sea(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str | tuple[str, ...],
+        epsilon: float = DEFAULT_EPSILON, schedule: str = "progressive", total_iterations: int = 300,
+        msl_track: str | None = None, reference_quirks: bool = True, loss_index=None) -> AttackResult:
     """One SEA attack of the battery (jitted per static configuration through :func:`apgd.apgd`).
 
     Args:
@@ -61,13 +61,19 @@ def sea(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str, e
       total_iterations: N = 300 (split 90/90/120 when progressive).
       msl_track: ``"masked"``, ``"unmasked"`` or None (follow the schedule).
       reference_quirks: §3.5 start-point accuracy quirk.
+      loss_index: with a tuple of losses, the traced index of the one to run
+        (one compiled program for several SEA members).
 
     Returns:
       AttackResult of :func:`apgd.apgd`; the returned image is always in the ε-ball.
     """
-    optimized, tracked = sea_losses(loss, schedule, msl_track)
+    if isinstance(loss, str):
+        optimized, tracked = sea_losses(loss, schedule, msl_track)
+    else:
+        pairs = [sea_losses(name, schedule, msl_track) for name in loss]
+        optimized, tracked = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
     progressive = schedule == "progressive"
     stages = progressive_stages(total_iterations) if progressive else single_stage(total_iterations)
     return apgd(logits_fn, params, images, labels, mask, keys, loss=optimized, track_loss=tracked,
                 epsilon=float(epsilon), stages=stages, early_stop=progressive, accept_if_improved=not progressive,
-                reference_quirks=bool(reference_quirks))
+                reference_quirks=bool(reference_quirks), loss_index=loss_index)
