@@ -22,6 +22,8 @@ harness only (never in the library) `install_stubs` provides, through
   decorators and a registry that only records names;
 * ``isegm.data.datasets`` (dataset classes imported by ``inference/utils``) and
   ``torch.utils.tensorboard`` (the training logger imported by ``utils/log``);
+* ``tqdm`` (a progress bar that RITM's ``inference/evaluation`` imports; the
+  stand-in iterates without one);
 * ``np.int`` / ``np.bool`` (removed from numpy; RITM's HRNet and clicker use them).
 """
 
@@ -152,6 +154,13 @@ def _datasets_stub() -> None:
     _module("isegm.data.datasets", **{n: type(n, (), {}) for n in names})
 
 
+def _tqdm_stub() -> None:
+    def tqdm(iterable=None, *args, **kwargs):
+        return iterable
+
+    _module("tqdm", tqdm=tqdm, tqdm_notebook=tqdm)
+
+
 def install_stubs() -> None:
     """Installs the stand-ins listed in the module docstring (only for missing modules)."""
     if not hasattr(np, "int"):
@@ -159,7 +168,8 @@ def install_stubs() -> None:
     if not hasattr(np, "bool"):
         np.bool = bool
     for name, make in (("torchvision", _torchvision_stub), ("timm", _timm_stub),
-                       ("mmcv", _mmcv_stub), ("torch.utils.tensorboard", _tensorboard_stub)):
+                       ("mmcv", _mmcv_stub), ("torch.utils.tensorboard", _tensorboard_stub),
+                       ("tqdm", _tqdm_stub)):
         try:
             __import__(name)
         except ImportError:
@@ -282,3 +292,31 @@ def points_tensor(clicks):
     pad = [(-1, -1, -1)]
     return torch.tensor([pos + pad * (n - len(pos)) + neg + pad * (n - len(neg))],
                         dtype=torch.float32)
+
+
+def sharpen_clicks_(model, kind: str, image, target: int) -> None:
+    """Makes a random network follow its clicks, so the NoC loop's zoom-in moves.
+
+    With plain random weights the prediction hardly depends on the clicks
+    (covering all or none of the image), so every ROI would be the whole
+    image. The click input's weights are scaled up (RITM: ``ScaleLayer`` to 1;
+    SimpleClick: the click patch embedding x 8) and the output bias shifted so
+    that 15 % of the zoomed first-click prediction is foreground.
+    """
+    import torch  # noqa: PLC0415
+
+    with torch.no_grad():
+        if kind == "ritm":
+            model.maps_transform[3].scale.fill_(1.0)
+            bias = model.feature_extractor.cls_head.bias
+        else:
+            model.patch_embed_coords.proj.weight.mul_(8.0)
+            bias = model.head.conv_seg.bias
+        x = torch.from_numpy(image.copy()).permute(2, 0, 1)[None].float() / 255
+        x = torch.nn.functional.interpolate(x, size=(target, target), mode="bilinear",
+                                            align_corners=True)
+        x = torch.cat([x, torch.zeros_like(x[:, :1])], 1)
+        points = torch.tensor([[[target // 2, target // 2, 0], [-1, -1, -1]]],
+                              dtype=torch.float32)
+        logits = model(x, points)["instances"]
+        bias.sub_(torch.quantile(logits.flatten(), 0.85))

@@ -40,6 +40,11 @@ Two renderers, both pure, jit- and vmap-safe:
   circle (area) or the ramp band (ramp) touches. The radius is treated as a
   constant (zero gradient) by ``coverage="area"``.
 
+Precision: the hard disks are float32 (as the reference); the soft renderers
+compute in float32, or in float64 when given float64 points under
+``jax.enable_x64`` (the precise finite-difference references of the gradient
+tests use that).
+
 Canvas convention (pydiffvg's): pixel ``(i, j)`` (row i, column j) covers
 ``[j, j + 1] x [i, i + 1]`` in continuous ``(x, y)`` canvas coordinates, so its
 centre is ``(j + 0.5, i + 0.5)``. A click at integer pixel ``(x, y)`` (column,
@@ -82,6 +87,13 @@ def _check_shape(shape: Sequence[int]) -> Tuple[int, int]:
     if rows <= 0 or cols <= 0:
         raise ValueError(f"shape must be positive (rows, cols); got {shape!r}")
     return rows, cols
+
+
+def _as_float(x) -> jnp.ndarray:
+    """``x`` as float32, or as float64 when it already is float64 (precise references under
+    ``jax.enable_x64``; without x64 JAX has no float64 and everything is float32)."""
+    x = jnp.asarray(x)
+    return x.astype(jnp.float64 if x.dtype == jnp.float64 else jnp.float32)
 
 
 def _check_points(points: jnp.ndarray, labels: jnp.ndarray) -> None:
@@ -170,10 +182,10 @@ def disk_center(
       f32[..., 2] canvas centres (x, y); gradient 1 where not clamped, 0 where clamped.
     """
     rows, cols = _check_shape(shape)
-    points = jnp.asarray(points, jnp.float32)
+    points = _as_float(points)
     if points.shape[-1:] != (2,):
         raise ValueError(f"points must have a trailing axis of size 2 (x, y); got {points.shape}")
-    center = points + jnp.float32(center_offset)
+    center = points + jnp.asarray(center_offset, points.dtype)
     if clamp_inset is None:
         return center
     low, high = (float(v) for v in clamp_inset)
@@ -245,8 +257,8 @@ def _disk_quadrant_area_jvp(primals, tangents):
 
 def _area_coverage(center: jnp.ndarray, rows: int, cols: int, radius: jnp.ndarray) -> jnp.ndarray:
     """Exact area of disk ∩ pixel for every pixel, by inclusion-exclusion over pixel corners."""
-    corner_x = jnp.arange(cols + 1, dtype=jnp.float32)[None, :] - center[0]
-    corner_y = jnp.arange(rows + 1, dtype=jnp.float32)[:, None] - center[1]
+    corner_x = jnp.arange(cols + 1, dtype=center.dtype)[None, :] - center[0]
+    corner_y = jnp.arange(rows + 1, dtype=center.dtype)[:, None] - center[1]
     quadrant = _disk_quadrant_area(corner_x, corner_y, jax.lax.stop_gradient(radius))  # [rows+1, cols+1]
     area = quadrant[1:, 1:] - quadrant[:-1, 1:] - quadrant[1:, :-1] + quadrant[:-1, :-1]
     return jnp.clip(area, 0.0, 1.0)
@@ -254,9 +266,9 @@ def _area_coverage(center: jnp.ndarray, rows: int, cols: int, radius: jnp.ndarra
 
 def _ramp_coverage(center: jnp.ndarray, rows: int, cols: int, radius: jnp.ndarray, n: int) -> jnp.ndarray:
     """Mean over n x n stratum centres s of clip(n (R - |s - c|) + 0.5, 0, 1)."""
-    col_origin = jnp.arange(cols, dtype=jnp.float32)[None, :]
-    row_origin = jnp.arange(rows, dtype=jnp.float32)[:, None]
-    coverage = jnp.zeros((rows, cols), jnp.float32)
+    col_origin = jnp.arange(cols, dtype=center.dtype)[None, :]
+    row_origin = jnp.arange(rows, dtype=center.dtype)[:, None]
+    coverage = jnp.zeros((rows, cols), center.dtype)
     for a in range(n):
         for b in range(n):
             dx = col_origin + (a + 0.5) / n - center[0]
@@ -303,10 +315,10 @@ def render_soft_disk(
         raise ValueError(f"samples_per_axis applies to coverage='ramp' only; got {n} with coverage='area'")
     if isinstance(radius, (int, float)) and not radius > 0:
         raise ValueError(f"radius must be positive; got {radius!r}")
-    center = jnp.asarray(center, jnp.float32)
+    center = _as_float(center)
     if center.shape != (2,):
         raise ValueError(f"center must have shape [2] (x, y); got {center.shape} (vmap for several disks)")
-    radius = jnp.asarray(radius, jnp.float32)
+    radius = jnp.asarray(radius, center.dtype)
     if coverage == COVERAGE_AREA:
         return _area_coverage(center, rows, cols, radius)
     return _ramp_coverage(center, rows, cols, radius, n)
@@ -367,7 +379,7 @@ def render_soft_click_maps(
     Returns:
       f32[2, rows, cols]: channel 0 positive, channel 1 negative, in [0, 1].
     """
-    points = jnp.asarray(points, jnp.float32)
+    points = _as_float(points)
     labels = jnp.asarray(labels)
     _check_points(points, labels)
     disks = jax.vmap(
@@ -376,5 +388,5 @@ def render_soft_click_maps(
             coverage=coverage, samples_per_axis=samples_per_axis,
         )
     )(points)  # [N, rows, cols]
-    weights = jnp.stack([labels == POSITIVE_LABEL, labels == NEGATIVE_LABEL]).astype(jnp.float32)
+    weights = jnp.stack([labels == POSITIVE_LABEL, labels == NEGATIVE_LABEL]).astype(disks.dtype)
     return _clamp_like_torch(jnp.einsum("kn,nhw->khw", weights, disks), 0.0, 1.0)

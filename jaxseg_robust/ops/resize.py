@@ -90,31 +90,32 @@ def antialias_taps(in_size: int, out_size: int) -> Taps:
     return index.astype(np.int32), weight.astype(f32)
 
 
-def linear_taps(in_size: int, out_size: int) -> Taps:
+def linear_taps(in_size: int, out_size: int, dtype=np.float32) -> Taps:
     """Tap table of torch's (bi)linear resize without antialias, one axis (host, numpy).
 
     ``interpolate(mode="linear"/"bilinear", align_corners=False)``: source
     position ``s = (in/out) * (o + 0.5) - 0.5`` clamped at 0, left sample
     ``floor(s)``, right sample clamped at ``in_size - 1``; float32 arithmetic
-    with torch's fused multiply-add (bit-exact source positions).
+    with torch's fused multiply-add (bit-exact source positions), or float64
+    arithmetic with ``dtype=np.float64`` (torch on double tensors).
 
     Returns:
-      (index int32[out_size, 2], weight float32[out_size, 2]).
+      (index int32[out_size, 2], weight ``dtype``[out_size, 2]).
     """
     if in_size <= 0 or out_size <= 0:
         raise ValueError(f"in_size and out_size must be positive; got {in_size}, {out_size}")
-    f32 = np.float32
-    scale = f32(in_size) / f32(out_size)
+    f = np.dtype(dtype).type
+    scale = f(in_size) / f(out_size)
     # torch's CPU kernel contracts ``scale * (o + 0.5) - 0.5`` into one fused
     # multiply-add (a single float32 rounding); float64 then one cast emulates it.
-    centres = (np.arange(out_size) + f32(0.5)).astype(f32).astype(np.float64)
-    src = (np.float64(scale) * centres - 0.5).astype(f32)
-    src = np.maximum(src, f32(0.0))
+    centres = (np.arange(out_size) + f(0.5)).astype(f).astype(np.float64)
+    src = (np.float64(scale) * centres - 0.5).astype(f)
+    src = np.maximum(src, f(0.0))
     i0 = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
-    lam = np.clip(src - i0.astype(f32), 0.0, 1.0).astype(f32)
+    lam = np.clip(src - i0.astype(f), 0.0, 1.0).astype(f)
     i1 = np.where(i0 < in_size - 1, i0 + 1, i0)
     index = np.stack([i0, i1], axis=1).astype(np.int32)
-    weight = np.stack([f32(1.0) - lam, lam], axis=1).astype(f32)
+    weight = np.stack([f(1.0) - lam, lam], axis=1).astype(f)
     return index, weight
 
 

@@ -63,11 +63,13 @@ def click_maps(points: jnp.ndarray, labels: jnp.ndarray, shape: tuple[int, int],
       coverage: soft-disk coverage model (`render_soft_click_maps`).
 
     Returns:
-      f32[rows, cols, 2]: channel 0 positive, channel 1 negative, in [0, 1].
+      f32[rows, cols, 2]: channel 0 positive, channel 1 negative, in [0, 1]
+      (float64 for float64 points with the soft encoding under ``jax.enable_x64``).
     """
     if encoding not in ENCODINGS:
         raise ValueError(f"click encoding must be one of {ENCODINGS}; got {encoding!r}")
-    points = jnp.asarray(points, jnp.float32)
+    points = jnp.asarray(points)
+    points = points.astype(jnp.float64 if points.dtype == jnp.float64 else jnp.float32)
     labels = isegm_valid_labels(points, jnp.asarray(labels))
     if encoding == "hard":
         maps = hard_disk_click_maps(points, labels, shape, radius)

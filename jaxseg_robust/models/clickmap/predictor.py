@@ -30,6 +30,8 @@ patch size (the authors' model runs at their zoom-in size); use the options.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,6 +42,24 @@ from jaxseg_robust.models.clickmap.segmenter import ClickMapSegmenter
 
 def _slots(n: int) -> int:
     return 1 << max(0, int(np.ceil(np.log2(max(n, 1)))))
+
+
+@functools.lru_cache(maxsize=32)
+def compiled_grid_logits(segmenter: ClickMapSegmenter):
+    """``jax.jit(segmenter.grid_logits)``, one per segmenter: every predictor of a model
+    (and any caller) shares its compiled programs."""
+    return jax.jit(segmenter.grid_logits)
+
+
+@functools.lru_cache(maxsize=32)
+def compiled_step(segmenter: ClickMapSegmenter, options: IsegmOptions):
+    """One jitted `predict_click` step per (segmenter, options), shared like `compiled_grid_logits`."""
+
+    def step(params, image, original_hw, points, labels, num_clicks, state):
+        return predict_click(segmenter, params, image, original_hw, points, labels, num_clicks,
+                             state, options)
+
+    return jax.jit(step, static_argnums=(5,))
 
 
 class ClickMapPredictor:
@@ -55,8 +75,7 @@ class ClickMapPredictor:
         self.segmenter = segmenter
         self.params = params
         self.name = name
-        self._logits = jax.jit(segmenter.grid_logits)
-        self._steps = {}
+        self._logits = compiled_grid_logits(segmenter)
         self.reset_image()
 
     @property
@@ -114,24 +133,13 @@ class ClickMapPredictor:
             state = self.state if prev is None else self.state.replace(
                 prev_prob=jnp.asarray(prev), has_prev=jnp.asarray(True))
             self.num_clicks = int(np.sum(np.asarray(labels) >= 0))
-            prob, self.state = self._step(options)(self.params, self.image,
+            prob, self.state = compiled_step(self.segmenter, options)(self.params, self.image,
                                                    self.transform.original_hw, points, labels,
                                                    self.num_clicks, state)
             logits = jnp.log(prob) - jnp.log1p(-prob)
         prob = np.asarray(prob)[None]
         out = np.asarray(logits)[None] if return_logits else prob > options_threshold(options)
         return out, np.zeros((1,), np.float32), prob
-
-    def _step(self, options: IsegmOptions):
-        if options not in self._steps:
-            seg = self.segmenter
-
-            def step(params, image, original_hw, points, labels, num_clicks, state):
-                return predict_click(seg, params, image, original_hw, points, labels,
-                                     num_clicks, state, options)
-
-            self._steps[options] = jax.jit(step, static_argnums=(5,))
-        return self._steps[options]
 
     def _clicks(self, point_coords, point_labels):
         """Padded clicks: (f32[N, 2] (x, y), i32[N]) with N a power of two."""

@@ -220,5 +220,6 @@ class RitmNet(nn.Module):
         maps = MapsTransform(cfg.coord_channels, cfg.use_leaky_relu,
                              name="maps_transform")(coord_features.astype(dtype))
         logits = FeatureExtractor(cfg, name="feature_extractor")(x, maps)
-        logits = resize_to(logits.astype(jnp.float32), image.shape[-3:-1])
+        out_dtype = jnp.promote_types(dtype, jnp.float32)  # bfloat16 -> float32; float64 kept
+        logits = resize_to(logits.astype(out_dtype), image.shape[-3:-1])
         return logits[..., 0]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxseg_robust.models.clickability.resize import upsample_align_corners
 from jaxseg_robust.models.clickmap.layers import (
@@ -42,8 +43,9 @@ def resize_bilinear_nhwc(x: jnp.ndarray, hw: tuple[int, int]) -> jnp.ndarray:
     """torch bilinear ``align_corners=False`` resize of f32[..., h, w, C] (identity if equal)."""
     if tuple(x.shape[-3:-1]) == tuple(hw):
         return x
-    x = apply_taps(x, linear_taps(x.shape[-2], int(hw[1])), axis=x.ndim - 2)
-    return apply_taps(x, linear_taps(x.shape[-3], int(hw[0])), axis=x.ndim - 3)
+    taps_dtype = np.float64 if x.dtype == jnp.float64 else np.float32  # as torch's kernel
+    x = apply_taps(x, linear_taps(x.shape[-2], int(hw[1]), taps_dtype), axis=x.ndim - 2)
+    return apply_taps(x, linear_taps(x.shape[-3], int(hw[0]), taps_dtype), axis=x.ndim - 3)
 
 
 class Down4(nn.Module):
@@ -170,6 +172,7 @@ class SimpleClickNet(nn.Module):
         tokens = VisionTransformer(cfg, name="backbone")(x, coords)
         maps = SimpleFPN(cfg.embed_dim, cfg.neck_out_dims, name="neck")(tokens)
         logits = SegHead(cfg.neck_out_dims, cfg.head_channels, name="head")(maps)
-        logits = upsample_align_corners(logits.astype(jnp.float32), image.shape[-3:-1],
+        out_dtype = jnp.promote_types(dtype, jnp.float32)  # bfloat16 -> float32; float64 kept
+        logits = upsample_align_corners(logits.astype(out_dtype), image.shape[-3:-1],
                                         axes=(-3, -2))
         return logits[..., 0]
