@@ -298,6 +298,25 @@ def test_factored_dense_path_equals_adding_dense_to_the_image():
     np.testing.assert_allclose(np.asarray(k1), np.asarray(k3), atol=1e-5)
 
 
+def test_read_tokens_fold_the_final_attention_without_changing_the_read_tokens():
+    """``num_read_tokens`` (SAM 2's decoder) returns the first n tokens of the full run."""
+    rng = np.random.default_rng(6)
+    full = TwoWayTransformer(depth=2, embedding_dim=C, num_heads=2, mlp_dim=32)
+    read = TwoWayTransformer(depth=2, embedding_dim=C, num_heads=2, mlp_dim=32,
+                             num_read_tokens=3)
+    img = jnp.asarray(rng.normal(size=(9, C)), jnp.float32)
+    pe = jnp.asarray(rng.normal(size=(9, C)), jnp.float32)
+    tokens = jnp.asarray(rng.normal(size=(6, C)), jnp.float32)
+    valid = jnp.asarray([True, True, True, True, False, True])
+    params = random_params(
+        jax.eval_shape(full.init, jax.random.key(0), img, pe, tokens, valid, None)["params"], 3)
+    q_full, k_full = full.apply({"params": params}, img, pe, tokens, valid, None)
+    q_read, k_read = read.apply({"params": params}, img, pe, tokens, valid, None)
+    assert q_read.shape == (3, C)
+    np.testing.assert_allclose(np.asarray(q_read), np.asarray(q_full)[:3], atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(k_read), np.asarray(k_full))
+
+
 def test_sam_config_json_round_trip_and_validation():
     from jaxseg_robust.models.sam.registry import SAM_CONFIGS, TINY_CONFIG
 

@@ -80,6 +80,37 @@ class Attention(nn.Module):
         out = jnp.einsum("hqk,hkc->qhc", weights, vh).reshape(q.shape[0], -1)
         return self.out_proj(out)
 
+    def attend_folded(self, q, k, v):
+        """``self(q, k, v)`` for few queries over many keys, without projecting the keys.
+
+        Each head's logit ``(q Wq + bq)_h . (k Wk + bk)_h`` is computed as
+        ``k . (Wk_h (q Wq + bq)_h) + bk_h . (q Wq + bq)_h`` and the values as
+        ``(sum_k w_k v_k) Wv_h + bv_h`` (softmax weights sum to one), so the
+        [Nk, C] x [C, C / rate] key and value projections become products with
+        ``heads * Nq`` columns: cheaper whenever ``heads * Nq < C / rate``. The
+        result equals `__call__`'s to float32 rounding (sums in another order).
+
+        Args:
+          q: f32[Nq, C] queries; k, v: f32[Nk, C] keys and values (all valid).
+
+        Returns:
+          f32[Nq, C].
+        """
+        heads = self.num_heads
+        qp = self.q_proj(q)
+        nq, internal = qp.shape
+        dh = internal // heads
+        qh = qp.reshape(nq, heads, dh)
+        k_kernel = self.k_proj.kernel.reshape(-1, heads, dh)  # [C, H, dh]
+        folded = jnp.einsum("qhd,chd->hqc", qh, k_kernel)  # [H, Nq, C]
+        offset = jnp.einsum("qhd,hd->hq", qh, self.k_proj.bias.reshape(heads, dh))
+        logits = (jnp.einsum("hqc,kc->hqk", folded, k) + offset[..., None]) / math.sqrt(dh)
+        weights = jax.nn.softmax(logits, axis=-1)
+        mean_v = jnp.einsum("hqk,kc->hqc", weights, v)  # [H, Nq, C]
+        out = (jnp.einsum("hqc,chd->qhd", mean_v, self.v_proj.kernel.reshape(-1, heads, dh))
+               + self.v_proj.bias.reshape(heads, dh))
+        return self.out_proj(out.reshape(nq, internal))
+
 
 class TwoWayAttentionBlock(nn.Module):
     """One two-way block; params ``self_attn``, ``norm1..4``, ``cross_attn_token_to_image``,
@@ -143,7 +174,13 @@ class TwoWayAttentionBlock(nn.Module):
 
 
 class TwoWayTransformer(nn.Module):
-    """Params ``layers_{i}/...``, ``final_attn_token_to_image``, ``norm_final_attn``."""
+    """Params ``layers_{i}/...``, ``final_attn_token_to_image``, ``norm_final_attn``.
+
+    ``num_read_tokens`` (optional): only the first n tokens are read after the
+    transformer (the decoder's output tokens); the final token->image attention
+    then runs for them alone in the folded form (`Attention.attend_folded`),
+    and the transformer returns those n tokens.
+    """
 
     depth: int = 2
     embedding_dim: int = 256
@@ -151,6 +188,7 @@ class TwoWayTransformer(nn.Module):
     mlp_dim: int = 2048
     attention_downsample_rate: int = 2
     norm_eps: float = 1e-5
+    num_read_tokens: int | None = None
 
     def setup(self):
         self.layers = [
@@ -175,7 +213,7 @@ class TwoWayTransformer(nn.Module):
           dense: the dense prompt embedding with factors f32[HW, R], or None.
 
         Returns:
-          (tokens f32[T, C], image tokens f32[HW, C]).
+          (tokens f32[T, C] (f32[num_read_tokens, C] when set), image tokens f32[HW, C]).
         """
         queries, keys = tokens, image_embedding
         pending = dense
@@ -184,6 +222,14 @@ class TwoWayTransformer(nn.Module):
             pending = None
         if pending is not None:
             keys = keys + pending.materialize()
-        attn = self.final_attn_token_to_image(queries + tokens, keys + image_pe, keys)
+        if self.num_read_tokens is None:
+            attn = self.final_attn_token_to_image(queries + tokens, keys + image_pe, keys)
+        else:
+            n = self.num_read_tokens
+            if n > tokens.shape[0]:
+                raise ValueError(f"num_read_tokens {n} exceeds the {tokens.shape[0]} tokens")
+            queries, tokens = queries[:n], tokens[:n]
+            attn = self.final_attn_token_to_image.attend_folded(queries + tokens,
+                                                                keys + image_pe, keys)
         queries = self.norm_final_attn(queries + attn)
         return queries, keys

@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxseg_robust.models.sam.layers import MLP, Linear, LowRankDense, gelu
-from jaxseg_robust.models.sam.mask_decoder import MaskDecoder, OutputUpscaling
+from jaxseg_robust.models.sam.mask_decoder import MaskDecoder, OutputUpscaling, blocks_to_spatial
 from jaxseg_robust.models.sam.transformer import TwoWayTransformer
 
 NO_OBJECT_SCORE_LOGIT = 10.0  # the official constant when pred_obj_scores is off
@@ -70,8 +70,10 @@ class Sam2MaskDecoder(MaskDecoder):
             self.obj_score_token = self.param("obj_score_token", normal, (1, c))
             self.pred_obj_score_head = (MLP(c, c, 1, 3) if self.pred_obj_scores_mlp
                                         else Linear(c, 1))
+        read = self.num_leading_tokens + 1 + self.num_mask_tokens
         self.transformer = TwoWayTransformer(cfg.transformer_depth, c, cfg.transformer_num_heads,
-                                             cfg.transformer_mlp_dim, cfg.attention_downsample_rate)
+                                             cfg.transformer_mlp_dim, cfg.attention_downsample_rate,
+                                             num_read_tokens=read)
         self.output_upscaling = Sam2OutputUpscaling(c)
         if self.use_high_res_features:
             self.conv_s0 = Linear(c, c // 8)
@@ -92,6 +94,18 @@ class Sam2MaskDecoder(MaskDecoder):
         if self.pred_obj_scores:
             tokens.insert(0, self.obj_score_token)
         return jnp.concatenate(tokens, axis=0)
+
+    def sam_masks(self, mask_tokens_out: jnp.ndarray, blocks: jnp.ndarray) -> jnp.ndarray:
+        """K masks: f32[K, C] mask tokens, upscaled ``blocks`` (patch layout) -> f32[K, 4E, 4E].
+
+        The hypernetwork weights are contracted with the channel axis, which
+        is minor in ``blocks`` (XLA then reads ``blocks`` in place instead of
+        transposing it); only the K-channel result is moved.
+        """
+        hyper_in = jnp.stack([mlp(mask_tokens_out[i])
+                              for i, mlp in enumerate(self.output_hypernetworks_mlps)])
+        masks = jnp.einsum("hwabxyd,kd->hwabxyk", blocks, hyper_in)  # [E, E, 2, 2, 2, 2, K]
+        return blocks_to_spatial(jnp.moveaxis(masks, -1, 0)[..., None])[..., 0]
 
     def project_high_res(self, level0: jnp.ndarray, level1: jnp.ndarray):
         """FPN levels 0/1 f32[..., d] -> (s0 f32[..., C/8], s1 f32[..., C/4]) (once per image)."""
