@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy.ndimage import distance_transform_edt
 
 from jaxseg_robust.clicksim import evaluation as E
 from jaxseg_robust.clicksim.click_models import DistanceTransformClickModel, UniformClickModel
@@ -80,7 +81,13 @@ def toy_gt(seed: int, shape=FRAME, size=None):
 
 
 def padded_dt(region):
-    return cv2.distanceTransform(np.pad(region, 1).astype(np.uint8), cv2.DIST_L2, 0)[1:-1, 1:-1]
+    """Exact Euclidean distance to the nearest pixel outside ``region`` (the frame border counts as outside).
+
+    Exact (scipy, float64) rather than OpenCV's precise transform: the clicker's choice among tied
+    maxima is part of the rule, and OpenCV's float32 values carry ~5e-7 of rounding noise that
+    breaks exact ties in an order that changed between OpenCV releases.
+    """
+    return distance_transform_edt(np.pad(region, 1))[1:-1, 1:-1]
 
 
 def reference_band(values, q_low, q_high):
