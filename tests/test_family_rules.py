@@ -150,7 +150,7 @@ COMMANDS = {
 def test_click_protocols_on_a_ritm_directory(workspace, command):
     root, models, data = workspace
     out = root / f"ritm_{command}"
-    code, stdout, stderr = run_captured([*COMMANDS[command], "--model", models["ritm_tiny"], *data,
+    code, _, stderr = run_captured([*COMMANDS[command], "--model", models["ritm_tiny"], *data,
                                          "--out", str(out)])
     assert code == 0, stderr
     records = _ok_records(out)
@@ -184,7 +184,7 @@ def test_click_protocols_on_a_sam2_directory(workspace, command):
 def test_breps_on_a_sam2_directory(workspace):
     root, models, data = workspace
     out = root / "sam2_breps"
-    code, stdout, stderr = run_captured(["breps", "--model", models["sam2_test"], *data, "--n_opt_steps", "3",
+    code, _, stderr = run_captured(["breps", "--model", models["sam2_test"], *data, "--n_opt_steps", "3",
                                          "--limit", "1", "--out", str(out)])
     assert code == 0, stderr
     (record,) = _ok_records(out)

@@ -140,7 +140,7 @@ class ClickMapSegmenter:
         image itself, ``resized_hw``; docs/protocols/tetris.md)."""
         return jnp.asarray(transform.resized_hw, jnp.int32)
 
-    def differentiable_clicks(self) -> "ClickMapSegmenter":
+    def differentiable_clicks(self) -> ClickMapSegmenter:
         """This segmenter with soft disks: ``decode`` differentiable w.r.t. the click coordinates."""
         return self if self.click_encoding == "soft" else dataclasses.replace(self, click_encoding="soft")
 
