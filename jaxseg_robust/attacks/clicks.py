@@ -60,7 +60,14 @@ from jaxseg_robust.attacks.scoring import START_MAX, START_MIN, is_better
 from jaxseg_robust.metrics.interactive import TETRIS_NUM_CLICKS, normalized_auc
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
 from jaxseg_robust.metrics.packed import pack_target, packed_scores
-from jaxseg_robust.models.base import Transform, image_region, unit_scale
+from jaxseg_robust.models.base import (
+    Transform,
+    click_step_hw,
+    differentiable,
+    image_region,
+    resets_feedback,
+    unit_scale,
+)
 from jaxseg_robust.ops.labels import IGNORE_LABEL
 from jaxseg_robust.ops.render import COVERAGE_AREA, COVERAGE_RAMP, DEFAULT_CLICK_RADIUS
 from jaxseg_robust.prompts.clicker import mark_clicked, next_click
@@ -212,8 +219,12 @@ def _pixel_at(mask, click):
     return mask[row, col]
 
 
-def click_instance(transform: Transform, gt, width, config: TetrisConfig, maximise=None) -> ClickInstance:
-    """The `ClickInstance` of one instance (``maximise``: optional bool[] overriding ``config.mode``)."""
+def click_instance(transform: Transform, gt, width, config: TetrisConfig, maximise=None,
+                   step_hw=None) -> ClickInstance:
+    """The `ClickInstance` of one instance (``maximise``: optional bool[] overriding ``config.mode``;
+    ``step_hw``: i32[2] size whose diagonal scales the step, default ``original_hw``, see
+    `jaxseg_robust.models.base.click_step_hw`)."""
+    step_hw = transform.original_hw if step_hw is None else step_hw
     region = image_region(transform)
     target = (gt == 1) & region
     maximise = jnp.asarray(config.mode == "max" if maximise is None else maximise, bool)
@@ -221,15 +232,21 @@ def click_instance(transform: Transform, gt, width, config: TetrisConfig, maximi
         transform=transform, region=region, target=target, labelled=region & (gt != IGNORE_LABEL),
         target_float=target.astype(jnp.float32), packed=pack_target(gt, region, width), width=width,
         scale=jnp.asarray(transform.scale_xy, jnp.float32),
-        learning_rate=tetris_learning_rate(transform.original_hw[0], transform.original_hw[1], config.lr_mult),
+        learning_rate=tetris_learning_rate(step_hw[0], step_hw[1], config.lr_mult),
         maximise=maximise, sign=jnp.where(maximise, jnp.float32(1.0), jnp.float32(-1.0)),
         start=jnp.where(maximise, jnp.float32(START_MAX), jnp.float32(START_MIN)))
 
 
 # ---- one click ----------------------------------------------------------------------------
 
-def click_setup(ctx: ClickInstance, config: TetrisConfig, state: ClickState, index) -> ClickSetup:
-    """The baseline clicker's click ``index`` on the previous accepted map, and its prompt history."""
+def click_setup(ctx: ClickInstance, config: TetrisConfig, state: ClickState, index,
+                resets: bool = True) -> ClickSetup:
+    """The baseline clicker's click ``index`` on the previous accepted map, and its prompt history.
+
+    ``resets``: static, whether the family's wrapper drops the mask input while
+    ``max(#positive, #negative) <= 1`` (`jaxseg_robust.models.base.resets_feedback`); applies to
+    ``mask_input="code"``.
+    """
     slots = jnp.arange(config.n_clicks)
     pred = (state.probability > config.thr) & ctx.region
     is_positive, row, col = next_click(ctx.target, pred, state.not_clicked, ctx.labelled)
@@ -237,7 +254,7 @@ def click_setup(ctx: ClickInstance, config: TetrisConfig, state: ClickState, ind
     labels = jnp.where(slots == index, label, state.labels)
     positives = jnp.sum(labels == POSITIVE_LABEL)
     negatives = jnp.sum(labels == NEGATIVE_LABEL)
-    if config.mask_input == "code":
+    if config.mask_input == "code" and resets:
         has_mask = (index > 0) & (jnp.maximum(positives, negatives) > 1)
     else:
         has_mask = index > 0
@@ -328,7 +345,7 @@ def optimise_click(objective, ctx: ClickInstance, config: TetrisConfig, state: C
 
 def one_click(segmenter, decode, ctx: ClickInstance, config: TetrisConfig, state: ClickState, index):
     """Click ``index`` of a trajectory: (the next `ClickState`, its per-click record)."""
-    setup = click_setup(ctx, config, state, index)
+    setup = click_setup(ctx, config, state, index, resets_feedback(segmenter))
     objective = click_objective(segmenter, decode, ctx, config, state, setup)
     best, logs = optimise_click(objective, ctx, config, state, setup)
     click = reported_click(best.point, ctx.transform)
@@ -379,7 +396,10 @@ def click_trajectory(segmenter, params, features, transform: Transform, gt, widt
     if maximise is not None and not config.optimises:
         raise ValueError("maximise applies to the 'min'/'max' modes only")
     features = jax.tree.map(lax.stop_gradient, features)
-    ctx = click_instance(transform, gt, jnp.asarray(width, jnp.int32), config, maximise)
+    if config.optimises:  # the attack differentiates through the click rendering of click-map models
+        segmenter = differentiable(segmenter)
+    ctx = click_instance(transform, gt, jnp.asarray(width, jnp.int32), config, maximise,
+                         click_step_hw(segmenter, transform))
     model_transform = unit_scale(transform)
 
     def decode(prompts):
@@ -503,7 +523,14 @@ class ClickProtocol:
         return {}
 
     def instance(self, segmenter, params, aux_params, inputs: InstanceInputs) -> dict:
-        """Every trajectory of one instance on its features (see the class docstring for the layout)."""
+        """Every trajectory of one instance on its features (see the class docstring for the layout).
+
+        With an attack, every trajectory (the baseline too) decodes with the family's
+        differentiable click rendering, as the authors' attack code renders every click of such
+        a run (`jaxseg_robust.models.base.differentiable`; the identity for the SAM family).
+        """
+        if self.attack is not None:
+            segmenter = differentiable(segmenter)
         args = (segmenter, params, inputs.features, inputs.transform, inputs.gt, inputs.width)
         outputs = {}
         if self.minmax:

@@ -32,14 +32,18 @@ image (GrabCut/Berkeley ignore band and the frame padding excluded); the IoU of
 a round is ``|gt & pred & V| / |(gt | pred) & V|`` (RITM ``get_iou``). Every
 20-round run has exactly ``num_rounds`` IoUs (no early stop, ``--iou-analysis``).
 
-Model feedback (§5.4): ``multimask_output=True`` every round (the model's
-own selection; SAM: the highest predicted IoU), and the model's feedback map
+Model feedback (§5.4): the multimask mode of the family's wrapper in the
+reference (``multimask_output=None``, default: `models.base.evaluation_multimask`;
+SAM: three masks, the highest predicted IoU; SAM 2: one mask with the official
+dynamic fallback), and the model's feedback map
 of the prediction (``Segmenter.feedback``; SAM: the selected low-res logits)
 is the next round's mask input -- except that the reference resets the
 feedback whenever its padded point tensor has exactly two slots, i.e. at round
 1 **and at round 2 when the second click is negative** (``mask_feedback=
-"reference"``, default; ``"always"`` feeds back from round 2 on, ``"never"``
-never). Clicks ``(row, col)`` become points ``(x, y) = (col, row)`` in image
+"reference"``, default, for families whose wrapper resets it,
+`models.base.resets_feedback`: the SAM family; click-map models feed their
+previous prediction from round 2 on; ``"always"`` feeds back from round 2 on,
+``"never"`` never). Clicks ``(row, col)`` become points ``(x, y) = (col, row)`` in image
 pixels (the model adds its own offset and resize scale); unused slots are
 padding (label -1, masked inside the model).
 
@@ -76,7 +80,7 @@ from jaxseg_robust.clicksim.error_region import choose_error_region
 from jaxseg_robust.clicksim.groups import first_argmax_xy, group_bounds, masked_clickability, sample_group_click
 from jaxseg_robust.data.buckets import instance_seed
 from jaxseg_robust.metrics.masks import mask_iou
-from jaxseg_robust.models.base import Transform, image_region
+from jaxseg_robust.models.base import Transform, evaluation_multimask, image_region, resets_feedback
 from jaxseg_robust.ops.sampling import sample_pixels
 from jaxseg_robust.prompts.clicker import mark_clicked
 from jaxseg_robust.prompts.types import NEGATIVE_LABEL, PADDING_LABEL, POSITIVE_LABEL, click_prompts
@@ -92,6 +96,7 @@ __all__ = [
     "Trajectory",
     "InstanceResult",
     "instance_key",
+    "family_settings",
     "feedback_enabled",
     "simulate_trajectory",
     "trajectory_plan",
@@ -123,8 +128,9 @@ class RClicksConfig:
       num_groups: equal-mass clicking groups (10); 0 disables the group trajectories.
       run_base: also run the Base (baseline clicker) trajectory.
       threshold: probability threshold of the segmenter (0.5 SAM-type, 0.49 RITM-type).
-      mask_feedback: "reference" (§5.4 quirk), "always" or "never".
-      multimask_output: SAM's multimask mode with argmax of the predicted IoU (True).
+      mask_feedback: "reference" (the reference wrapper's rule for the family, §5.4), "always" or "never".
+      multimask_output: True (multimask, argmax of the predicted IoU), False (one mask), or None
+        (default): the family's mode in the reference (`models.base.evaluation_multimask`).
       seed: run seed (42).
       user_slots: padded number of first-round click slots per instance for the
         User / SamplingUsersCount modes (0 = modes off).
@@ -135,7 +141,7 @@ class RClicksConfig:
     run_base: bool = True
     threshold: float = DEFAULT_THRESHOLD
     mask_feedback: str = "reference"
-    multimask_output: bool = True
+    multimask_output: bool | None = None
     seed: int = DEFAULT_SEED
     user_slots: int = 0
 
@@ -148,6 +154,8 @@ class RClicksConfig:
             raise ValueError(f"threshold must be a probability in (0, 1); got {self.threshold!r}")
         if self.mask_feedback not in MASK_FEEDBACK_RULES:
             raise ValueError(f"mask_feedback must be one of {MASK_FEEDBACK_RULES}; got {self.mask_feedback!r}")
+        if self.multimask_output not in (None, True, False):
+            raise ValueError(f"multimask_output must be True, False or None; got {self.multimask_output!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int; got {self.seed!r}")
         if not self.run_base and self.num_groups == 0 and self.user_slots == 0:
@@ -202,6 +210,20 @@ def instance_key(seed: int, instance_seed_value) -> jax.Array:
       instance_seed_value: uint32 (may be traced) per-instance seed (`data.buckets.instance_seed`).
     """
     return jax.random.fold_in(jax.random.PRNGKey(seed), jnp.asarray(instance_seed_value).astype(jnp.uint32))
+
+
+def family_settings(config: RClicksConfig, segmenter) -> tuple[str, bool]:
+    """(feedback rule, multimask) of ``config`` for ``segmenter``'s family (§5.4).
+
+    "reference" becomes "always" for a family whose reference wrapper never
+    resets the feedback (`models.base.resets_feedback`: click-map models); a
+    ``multimask_output`` of None becomes the family's (`models.base.evaluation_multimask`).
+    """
+    rule = config.mask_feedback
+    if rule == "reference" and not resets_feedback(segmenter):
+        rule = "always"
+    multimask = evaluation_multimask(segmenter) if config.multimask_output is None else config.multimask_output
+    return rule, bool(multimask)
 
 
 def feedback_enabled(rule: str, round_index, is_positive) -> jax.Array:
@@ -264,6 +286,7 @@ def simulate_trajectory(segmenter, params, features, transform: Transform, gt, c
       `Trajectory` with leaves [R, ...].
     """
     obj, valid, inside = _object_and_valid(gt, transform)
+    rule, multimask = family_settings(config, segmenter)
     rounds = config.num_rounds
     feedback = jnp.zeros(segmenter.feedback_shape(tuple(obj.shape)), jnp.float32)
     state = RoundState(pred=jnp.zeros_like(obj), not_clicked=jnp.ones_like(obj),
@@ -285,9 +308,9 @@ def simulate_trajectory(segmenter, params, features, transform: Transform, gt, c
         labels = labels.at[round_index].set(label)
         not_clicked = mark_clicked(not_clicked, xy[1], xy[0])
         prompts = click_prompts(points, labels, previous,
-                                feedback_enabled(config.mask_feedback, round_index, error.is_positive))
+                                feedback_enabled(rule, round_index, error.is_positive))
         pred, previous = _predict(segmenter, params, features, transform, prompts, config.threshold,
-                                  config.multimask_output, inside)
+                                  multimask, inside)
         iou = mask_iou(obj, pred, valid)
         clicks = jnp.concatenate([xy, error.is_positive.astype(jnp.int32)[None]]).astype(jnp.int32)
         new = RoundState(pred=pred, not_clicked=not_clicked, points=points, labels=labels, feedback=previous)
@@ -351,7 +374,7 @@ def evaluate_single_clicks(segmenter, params, features, transform: Transform, gt
         prompts = click_prompts(point.astype(jnp.float32)[None], jnp.full((1,), POSITIVE_LABEL, jnp.int32),
                                 feedback, jnp.zeros((), bool))
         pred, _ = _predict(segmenter, params, features, transform, prompts, config.threshold,
-                           config.multimask_output, inside)
+                           family_settings(config, segmenter)[1], inside)
         return mask_iou(obj, pred, valid)
 
     return jax.vmap(one)(jnp.asarray(points_xy))
@@ -531,6 +554,7 @@ def make_rclicks_batch_fn(segmenter, params, click_model, click_params=None, *,
                              f"({max(len(c) for c in by_seed.values())})")
     elif config.user_slots:
         raise ValueError("config.user_slots > 0 needs user_clicks")
+    config = dataclasses.replace(config, multimask_output=family_settings(config, segmenter)[1])
     protocol = RClicksProtocol(config, click_model, by_seed)
     return BatchProgram(segmenter, params, protocol, aux_params=click_params, announce=announce)
 

@@ -39,6 +39,7 @@ from jaxseg_robust.commands.loading import (
     load_instances,
     load_model_of,
     model_config,
+    refuse_click_only,
     resolve_threshold,
 )
 from jaxseg_robust.commands.running import (
@@ -293,6 +294,7 @@ def execute(args) -> tuple:
     instances = load_instances(args)
     startup_line(f"loading {args.model} ...")
     model = load_model_of(args)
+    refuse_click_only(model, f"breps --mode {args.mode}")
     args.thresh = resolve_threshold(args.thresh, model)  # the family's unless --thresh says otherwise
     user_boxes, user_fingerprint = None, None
     if args.mode == "user":

@@ -42,6 +42,7 @@ from jaxseg_robust.commands.loading import (
     load_instances,
     load_model_of,
     model_config,
+    refuse_click_only,
     resolve_threshold,
 )
 from jaxseg_robust.commands.running import (
@@ -265,6 +266,8 @@ def execute(args) -> tuple:
     check_stride(args, instances)
     startup_line(f"loading {args.model} ...")
     model = load_model_of(args)
+    if args.kind == "box":
+        refuse_click_only(model, "grid --kind box")
     args.thresh = resolve_threshold(args.thresh, model)  # the family's unless --thresh says otherwise
     batch_fn = make_batch_function(args, model, multimask)
     config = protocol_config(args, model, multimask)

@@ -91,6 +91,18 @@ def load_model_of(args, mesh=None) -> LoadedModel:
     return load_model(args.model, random_seed=args.random_weights, compute_dtype=args.compute_dtype, mesh=mesh)
 
 
+def refuse_click_only(model: LoadedModel, what: str) -> None:
+    """CommandError (exit 2) naming the model and the reason when ``what`` needs box prompts and the
+    model's family takes clicks only (`jaxseg_robust.models.base.takes_boxes`)."""
+    from jaxseg_robust.models.base import takes_boxes  # noqa: PLC0415
+
+    if not takes_boxes(model.segmenter):
+        family = getattr(getattr(model.segmenter, "config", None), "family", type(model.segmenter).__name__)
+        raise CommandError(f"--model {model.name}: {what} needs box prompts, and the {family} family takes "
+                           "clicks only (click-map models have no box input); use tetris, grid --kind click "
+                           "or rclicks")
+
+
 def resolve_threshold(value: float | None, model: LoadedModel) -> float:
     """A threshold flag's value, or the model family's ``probability_threshold`` when the flag was not given."""
     return float(model.segmenter.probability_threshold) if value is None else float(value)

@@ -102,6 +102,11 @@ def run_protocol(args, *, instances: Sequence, batch_fn: Callable, config: Mappi
     from jaxseg_robust.runner.rundir import ManifestMismatchError, RunDirectoryBusyError  # noqa: PLC0415
 
     policy = parse_frame_policy(args.frame) if getattr(args, "frame", None) else ExactFrame()
+    if getattr(model.segmenter, "frame_policy", None) == "exact" and not isinstance(policy, ExactFrame):
+        # the network sees the frame itself (click-map models): padding would change its outputs
+        print(f"note: --model {model.name} runs every image in its own frame (its network sees the padded "
+              f"frame, so --frame {args.frame} would change its outputs)", file=sys.stderr)
+        policy = ExactFrame()
     check = require_object if check == "object" else check
     process_index, process_count = getattr(args, "process_index", None), getattr(args, "process_count", None)
     try:

@@ -115,6 +115,61 @@ def check_segmenter(segmenter) -> None:
                          "(docs/ARCHITECTURE.md, 'The Segmenter seam')")
 
 
+# ---- optional members: the family's rules in the authors' protocol code ----------------------------
+# A family states them on its segmenter; without them a segmenter follows the SAM family's rules
+# (docs/ARCHITECTURE.md, "The Segmenter seam"; per protocol: docs/protocols/*.md).
+
+def click_step_hw(segmenter, transform: Transform) -> jnp.ndarray:
+    """i32[2] (h, w) whose diagonal scales the TETRIS click step (``lr = lr_mult 5 diag / (400 sqrt 2)``).
+
+    The authors' attack takes the size of the tensor its wrapper receives:
+    for the SAM family the image before SAM's own resize (the evaluation
+    frame, ``original_hw``; the fallback), for click-map models the network
+    input the click variable lives on (``segmenter.click_step_hw``).
+    """
+    method = getattr(segmenter, "click_step_hw", None)
+    return jnp.asarray(transform.original_hw if method is None else method(transform), jnp.int32)
+
+
+def resets_feedback(segmenter) -> bool:
+    """Whether the authors' wrapper drops the mask input while isegm's padded point tensor has two
+    slots (``max(#positive, #negative) <= 1``): the SAM-family wrappers do (fallback True); click-map
+    models feed their previous prediction at every click (``resets_feedback_on_two_slots = False``)."""
+    return bool(getattr(segmenter, "resets_feedback_on_two_slots", True))
+
+
+def evaluation_multimask(segmenter) -> bool:
+    """The ``multimask_output`` the authors' evaluation wrapper (RClicks) decodes this family with:
+    True (best of three by predicted IoU) unless the segmenter says ``evaluation_multimask = False``
+    (SAM 2: one mask with the official dynamic fallback)."""
+    return bool(getattr(segmenter, "evaluation_multimask", True))
+
+
+def differentiable(segmenter):
+    """The segmenter whose ``decode`` is differentiable w.r.t. click coordinates (what a gradient
+    attack runs): ``segmenter.differentiable_clicks()`` where the family renders clicks (click-map
+    models: soft disks), else the segmenter itself (prompt coordinates enter the network directly)."""
+    method = getattr(segmenter, "differentiable_clicks", None)
+    return segmenter if method is None else method()
+
+
+def takes_boxes(segmenter) -> bool:
+    """Whether the family takes box prompts (``accepts_boxes``; default True; click-map models: False)."""
+    return bool(getattr(segmenter, "accepts_boxes", True))
+
+
+def require_boxes(segmenter, what: str) -> None:
+    """ValueError naming ``what`` and the segmenter when its family takes clicks only."""
+    if not takes_boxes(segmenter):
+        raise ValueError(f"{what} needs box prompts; {type(segmenter).__name__} "
+                         f"({_family_name(segmenter)}) takes clicks only")
+
+
+def _family_name(segmenter) -> str:
+    config = getattr(segmenter, "config", None)
+    return str(getattr(config, "family", None) or getattr(config, "variant", None) or "this family")
+
+
 @runtime_checkable
 class Segmenter(Protocol):
     """A promptable segmentation model, used functionally.

@@ -99,6 +99,9 @@ class ClickMapSegmenter:
 
     probability_threshold = ISEGM_THRESHOLD
     frame_policy = FRAME_POLICY_EXACT
+    # the family's rules in the authors' protocol code (jaxseg_robust.models.base, optional members)
+    resets_feedback_on_two_slots = False  # isegm feeds the previous prediction at every click
+    accepts_boxes = False
 
     def __post_init__(self):
         if self.click_encoding not in ENCODINGS:
@@ -130,6 +133,16 @@ class ClickMapSegmenter:
     def feedback(self, prediction: Prediction) -> jnp.ndarray:
         """f32[Hf, Wf] probability map fed back as ``Prompts.mask_logits`` next round."""
         return jax.nn.sigmoid(prediction.logits)
+
+    def click_step_hw(self, transform: Transform) -> jnp.ndarray:
+        """i32[2] the network input's (h, w): the authors' TETRIS step for click-map models
+        (``5 sqrt(h^2 + w^2) / (400 sqrt 2)`` of the tensor the clicks are rendered on; here the
+        image itself, ``resized_hw``; docs/protocols/tetris.md)."""
+        return jnp.asarray(transform.resized_hw, jnp.int32)
+
+    def differentiable_clicks(self) -> ClickMapSegmenter:
+        """This segmenter with soft disks: ``decode`` differentiable w.r.t. the click coordinates."""
+        return self if self.click_encoding == "soft" else dataclasses.replace(self, click_encoding="soft")
 
     # ---- protocol ------------------------------------------------------------
     def preprocess(self, image, *, frame_hw: tuple[int, int] | None = None):

@@ -35,6 +35,7 @@ differentiable w.r.t. ``prompts.points`` and ``prompts.box``.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import flax.struct
 import jax
@@ -119,6 +120,9 @@ class Sam2Segmenter:
 
     config: Sam2Config
     probability_threshold: float = PROBABILITY_THRESHOLD
+    # RClicks evaluates SAM 2 with multimask_output=False and the official dynamic fallback
+    # (jaxseg_robust.models.base.evaluation_multimask; docs/protocols/rclicks.md)
+    evaluation_multimask: ClassVar[bool] = False
 
     # ---- modules ---------------------------------------------------------
     @property
