@@ -102,7 +102,8 @@ def run_protocol(args, *, instances: Sequence, batch_fn: Callable, config: Mappi
     from jaxseg_robust.runner.rundir import ManifestMismatchError, RunDirectoryBusyError  # noqa: PLC0415
 
     policy = parse_frame_policy(args.frame) if getattr(args, "frame", None) else ExactFrame()
-    if getattr(model.segmenter, "frame_policy", None) == "exact" and not isinstance(policy, ExactFrame):
+    if (getattr(getattr(model, "segmenter", None), "frame_policy", None) == "exact"
+            and not isinstance(policy, ExactFrame)):
         # the network sees the frame itself (click-map models): padding would change its outputs
         print(f"note: --model {model.name} runs every image in its own frame (its network sees the padded "
               f"frame, so --frame {args.frame} would change its outputs)", file=sys.stderr)
