@@ -2,7 +2,9 @@
 
 Nothing here is copied from the references; they are imported:
 
-* adv-lib 0.2.8 (PyPI ``adv-lib``, the ``reference`` extra): ALMA prox, PDPGD, DAG.
+* adv-lib 0.2.8 (PyPI ``adv-lib``; ``pip install --no-deps adv-lib==0.2.8``: it is not in the
+  ``reference`` extra because its declared dependency visdom does not build from its sdist
+  here): ALMA prox, PDPGD, DAG.
   It imports ``visdom`` at module level for an optional live plot, and its package
   ``__init__`` imports its LPIPS distance, which imports ``torchvision.models`` (only used
   when an LPIPS object is built). When either is not installed an empty stand-in module is
@@ -45,7 +47,7 @@ def advlib_segmentation():
     """``adv_lib.attacks.segmentation`` (skips without torch or adv-lib)."""
     pytest.importorskip("torch")
     if importlib.util.find_spec("adv_lib") is None:
-        pytest.skip("adv-lib is not installed (pip install adv-lib==0.2.8; the `reference` extra)")
+        pytest.skip("adv-lib is not installed (pip install --no-deps adv-lib==0.2.8)")
     return import_with_stand_ins("adv_lib.attacks.segmentation")
 
 
