@@ -74,6 +74,9 @@ def load_rse(root: pathlib.Path):
     """
     from attack_reference import import_with_stand_ins
 
+    existing = sys.modules.get("rse")
+    if existing is not None and not hasattr(existing, "build_attacks"):
+        del sys.modules["rse"]  # a namespace stand-in (tests/attack_reference.py), not the package
     if not (root / "rse" / "__init__.py").is_file():
         raise FileNotFoundError(f"{root} has no rse/__init__.py (a Robust-Segmentation-Evaluation checkout)")
     sys.path.insert(0, str(root))
