@@ -86,6 +86,11 @@ def adv_fraction(params, points, labels, mask) -> np.ndarray:
     return wrong.reshape(len(points), -1).sum(1) / mask.sum()
 
 
+def max_gap(ours, theirs, image) -> float:
+    """Largest coordinate difference between two trajectories [T, H, W, 3] of one image [1, H, W, 3]."""
+    return float(reference.trajectory_gaps(ours[:, None], theirs[:, None], image)["max_abs"].max())
+
+
 def run_ours(run, logits_fn, params, image, label, mask):
     """(iterates f32[T, H, W, 3], output f32[H, W, 3]) of one image."""
     seen = []
@@ -171,8 +176,8 @@ def test_alma_prox_long_run_stays_within_the_float32_noise_of_advlib(setting):
         ours_b, _ = run_ours(ours, toy.plain_logits_fn, params, images[b], labels[b], mask[b])
         theirs_a, _ = run_reference(theirs, net, images[b], labels[b], mask[b])
         theirs_b, _ = run_reference(theirs, channels_last(net), images[b], labels[b], mask[b])
-        gap = lambda p, q: float(reference.trajectory_gaps(p[:, None], q[:, None], x0)["max_abs"].max())  # noqa: E731
-        across, control_ours, control_theirs = gap(ours_a, theirs_a), gap(ours_a, ours_b), gap(theirs_a, theirs_b)
+        across, control_ours, control_theirs = (max_gap(p, q, x0) for p, q in
+                                                ((ours_a, theirs_a), (ours_a, ours_b), (theirs_a, theirs_b)))
         fractions_ours = adv_fraction(params, ours_a, labels[b], mask[b])
         fractions_theirs = adv_fraction(params, theirs_a, labels[b], mask[b])
         print(f"ALMA prox 200 steps image {b}: ours vs adv-lib {across:.2e}; controls: ours vs ours {control_ours:.2e}, "
