@@ -47,6 +47,7 @@ def test_battery_strength_matches_the_authors_battery():
         margin = 0.5 if row["attack"] in DETERMINISTIC else 1.0 if row["attack"] == "worst case" else 3.0
         for metric in battery_parity.METRICS:
             ours, theirs = row[f"ours_single_{metric}"][0], row[f"reference_{metric}"][0]
-            assert abs(ours - theirs) * 100 <= margin, f"{row['attack']} {metric}: ours {ours:.4f}, authors {theirs:.4f}"
+            message = f"{row['attack']} {metric}: ours {ours:.4f}, authors {theirs:.4f}"
+            assert abs(ours - theirs) * 100 <= margin, message
         if row["attack"] != "clean":
             assert row["reference_accuracy"][0] < 0.5  # every attack succeeds on this model

@@ -93,7 +93,8 @@ def restated_padam(images, delta, gradient, steps):
 
 def _report(name, gaps):
     worst = int(gaps["max_abs"].argmax())
-    print(f"{name}: ‖δ‖∞ {gaps['norm_theirs'][-1]:.4f}; max |Δ iterate| {gaps['max_abs'].max():.2e} at step {worst}, "
+    print(f"{name}: ‖δ‖∞ {gaps['norm_theirs'][-1]:.4f}; max |Δ iterate| {gaps['max_abs'].max():.2e} "
+          f"at step {worst}, "
           f"max fraction of coordinates off by > 1e-6: {gaps['frac_off'].max():.2e}")
 
 

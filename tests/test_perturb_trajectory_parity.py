@@ -180,7 +180,8 @@ def test_alma_prox_long_run_stays_within_the_float32_noise_of_advlib(setting):
                                                 ((ours_a, theirs_a), (ours_a, ours_b), (theirs_a, theirs_b)))
         fractions_ours = adv_fraction(params, ours_a, labels[b], mask[b])
         fractions_theirs = adv_fraction(params, theirs_a, labels[b], mask[b])
-        print(f"ALMA prox 200 steps image {b}: ours vs adv-lib {across:.2e}; controls: ours vs ours {control_ours:.2e}, "
+        print(f"ALMA prox 200 steps image {b}: ours vs adv-lib {across:.2e}; "
+              f"controls: ours vs ours {control_ours:.2e}, "
               f"adv-lib vs adv-lib {control_theirs:.2e}; misclassified fraction max |Δ| "
               f"{np.abs(fractions_ours - fractions_theirs).max():.4f}, reached {fractions_theirs.max():.3f}")
         assert fractions_theirs.max() >= 0.75  # it moved far: most pixels flipped, masking and ρ updates acted
