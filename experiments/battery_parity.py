@@ -118,6 +118,7 @@ def run_reference(rse, params, images, labels, seed: int) -> dict[str, np.ndarra
     import torch._dynamo
 
     torch.manual_seed(seed)
+    torch.set_num_threads(1)  # OpenMP workers spin when the cores are shared: one thread runs steadily
     net = toy.torch_module(params)
     for parameter in net.parameters():
         parameter.requires_grad_(False)
