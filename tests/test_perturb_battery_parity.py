@@ -4,7 +4,7 @@
 the paper's budgets (ε = 8/255; PAdam 200, SEA 300 in the released code's single run, DAG 200,
 PDPGD 500, ALMA prox 500): ours (JAX) and ``rse.build_attacks`` (the authors' PAdam and APGD,
 adv-lib's DAG / PDPGD / ALMA prox) on the torch twin, both scored by the same model. Needs
-``$JAXSEG_RSE_REPO`` and adv-lib; about 2 minutes on a CPU.
+``$JAXSEG_RSE_REPO`` and adv-lib; about 70 s on two CPU cores.
 
 Margins (percentage points of pooled accuracy, CmIoU and NmIoU): the deterministic attacks
 (DAG ×2, PDPGD, ALMA prox) start from the clean image on both sides and agree to 0.0 points

@@ -146,17 +146,19 @@ def test_alma_prox_steps_match_advlib(setting, lr_init):
     list(check_close(setting, f"ALMA prox lr_init={lr_init}", ours, theirs, steps, 5e-6))
 
 
-def test_pdpgd_steps_match_advlib_until_success(setting):
+@pytest.mark.parametrize("l1_method", ["sort", "threshold"])
+def test_pdpgd_steps_match_advlib_until_success(setting, l1_method):
+    """adv-lib's sort-based ℓ1 projection, and our default sort-free threshold search (same θ up to rounding)."""
     advlib = setting[0]
     steps = 100
 
     def ours(logits_fn, params, x, y, m):
-        return pdpgd(logits_fn, params, x, y, m, num_steps=steps, primal_lr=0.01, l1_method="sort")
+        return pdpgd(logits_fn, params, x, y, m, num_steps=steps, primal_lr=0.01, l1_method=l1_method)
 
     def theirs(module, x, y, m):
         return advlib.pdpgd(module, x, y, norm=float("inf"), masks=m, num_steps=steps, primal_lr=0.01)
 
-    for fractions in check_close(setting, "PDPGD", ours, theirs, steps, 2e-6):
+    for fractions in check_close(setting, f"PDPGD ({l1_method})", ours, theirs, steps, 2e-6):
         assert fractions.max() >= 0.99  # it succeeds: the best-iterate rule and the prox both act
 
 
