@@ -1,4 +1,4 @@
-"""ALMA prox and PDPGD stepped against adv-lib 0.2.8, iterate by iterate (``-m parity``).
+"""ALMA prox, PDPGD and DAG stepped against adv-lib 0.2.8, iterate by iterate (``-m parity``).
 
 Same network on both sides: the tests' trained toy model (``perturb_toy``) in JAX and its
 PyTorch twin with the same weights. Both attacks evaluate the model exactly once per
@@ -40,7 +40,7 @@ import pytest
 
 import attack_reference as reference
 import perturb_toy as toy
-from jaxseg_robust.attacks.perturb import alma_prox, pdpgd
+from jaxseg_robust.attacks.perturb import alma_prox, dag, pdpgd
 
 pytestmark = pytest.mark.parity
 
@@ -111,13 +111,14 @@ def run_reference(run, net, image, label, mask):
     return np.stack(module.inputs)[:, 0], output.numpy().transpose(0, 2, 3, 1)[0]
 
 
-def check_close(setting, name, ours_run, reference_run, steps, bound):
+def check_close(setting, name, ours_run, reference_run, steps, bound, same_length=True):
     """Every iterate, every misclassified fraction and the output within ``bound`` / equal."""
     _, params, images, labels, mask, net = setting
     for b in range(IMAGES):
         ours, ours_out = run_ours(ours_run, toy.logits_fn, params, images[b], labels[b], mask[b])
         theirs, theirs_out = run_reference(reference_run, net, images[b], labels[b], mask[b])
-        assert ours.shape == theirs.shape == (steps,) + images.shape[1:], (ours.shape, theirs.shape)
+        assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
+        assert not same_length or len(ours) == steps, (len(ours), steps)
         gaps = reference.trajectory_gaps(ours[:, None], theirs[:, None], images[b:b + 1])
         fraction_ours = adv_fraction(params, ours, labels[b], mask[b])
         fraction_theirs = adv_fraction(params, theirs, labels[b], mask[b])
@@ -189,3 +190,25 @@ def test_alma_prox_long_run_stays_within_the_float32_noise_of_advlib(setting):
         assert fractions_theirs.max() >= 0.75  # it moved far: most pixels flipped, masking and ρ updates acted
         assert across <= 1.5 * max(control_ours, control_theirs) and across <= 1e-2
         assert np.abs(fractions_ours - fractions_theirs).max() <= 0.005
+
+
+@pytest.mark.parametrize("gamma", [0.001, 0.003])
+def test_dag_steps_match_advlib_until_success(setting, gamma):
+    """DAG stops at its first success: both sides must stop at the same iteration (same trajectory length).
+
+    Measured: max |Δ iterate| 6.0e-8 for both γ (DAG's step is γ·G/‖G‖∞, not per-coordinate
+    normalised, so rounding stays at the ulp level); γ = 0.003 succeeds on both images and stops
+    early on both sides at the same iteration; γ = 0.001 succeeds on image 1 and reaches 98.7 %
+    on image 0 within 200 steps.
+    """
+    advlib = setting[0]
+    steps = 200
+
+    def ours(logits_fn, params, x, y, m):
+        return dag(logits_fn, params, x, y, m, gamma=gamma, max_iterations=steps)
+
+    def theirs(module, x, y, m):
+        return advlib.dag(module, x, y, masks=m, max_iter=steps, γ=gamma)
+
+    for fractions in check_close(setting, f"DAG γ={gamma}", ours, theirs, steps, 2e-6, same_length=False):
+        assert fractions.max() >= 0.95  # it moved far (γ = 0.003 succeeds and stops early)
