@@ -6,7 +6,8 @@
   optimiser are reused), from our random start; and the restatement itself against the
   authors' ``rse.attacks.padam`` (from the clean image, ``random_start=False``: its random
   start comes from torch's generator) when ``$JAXSEG_RSE_REPO`` is set.
-* APGD with the SEA-MCE and SEA-JSD losses against the authors' ``rse._sea.apgd_train``
+* APGD with the SEA-MCE and SEA-JSD losses (and SEA-BCE, SEA-MSL with its masked tracked
+  loss) against the authors' ``rse._sea.apgd_train``
   (``$JAXSEG_RSE_REPO``), one stage at ε from the same start point (``x_init``), with a
   void band (label -1 there, mask False here).
 
@@ -166,8 +167,14 @@ def test_padam_restatement_is_the_authors_padam():
     np.testing.assert_allclose(adversarial.numpy().transpose(0, 2, 3, 1), final, atol=5e-6)
 
 
-@pytest.mark.parametrize("ours_loss, rse_loss", [("masked_ce", "mask-ce-avg"), ("jsd", "js-avg")])
-def test_apgd_sea_loss_steps_like_the_authors_apgd(toy_setting, ours_loss, rse_loss):
+@pytest.mark.parametrize("ours_loss, rse_loss, ours_track, rse_track", [
+    ("masked_ce", "mask-ce-avg", "ce", "ce-avg"),
+    ("jsd", "js-avg", "ce", "ce-avg"),
+    ("balanced_ce", "segpgd-loss", "ce", "ce-avg"),
+    ("masked_spherical", "mask-norm-corrlog-avg", "masked_spherical", "mask-norm-corrlog-avg"),
+])
+def test_apgd_sea_loss_steps_like_the_authors_apgd(toy_setting, ours_loss, rse_loss, ours_track, rse_track):
+    """SEA-MCE, SEA-JSD (and SEA-BCE, SEA-MSL as the released code tracks it) inside one APGD run."""
     _, rse_sea = reference.rse_modules()
     import torch
 
@@ -176,14 +183,14 @@ def test_apgd_sea_loss_steps_like_the_authors_apgd(toy_setting, ours_loss, rse_l
     keys = instance_keys(jax.random.key(5), np.array([0, 1]))
     seen = []
     result = apgd(reference.recording_logits_fn(toy.logits_fn, seen), params, jnp.asarray(images),
-                  jnp.asarray(labels), jnp.asarray(mask), keys, loss=ours_loss, track_loss="ce", epsilon=EPSILON,
-                  stages=(Stage(1.0, iterations),), early_stop=False)
+                  jnp.asarray(labels), jnp.asarray(mask), keys, loss=ours_loss, track_loss=ours_track,
+                  epsilon=EPSILON, stages=(Stage(1.0, iterations),), early_stop=False)
     ours_final = np.asarray(jax.block_until_ready(result.images))
     start = np.asarray(uniform_start(keys, jnp.asarray(images), EPSILON))
     module = reference.recording_module(net)
     y = torch.from_numpy(np.where(mask, labels, -1).astype(np.int64))
     theirs_final = rse_sea.apgd_train(module, reference.to_nchw(images), y, EPSILON, n_iter=iterations,
-                                      loss=rse_loss, track_loss="ce-avg", x_init=reference.to_nchw(start))
+                                      loss=rse_loss, track_loss=rse_track, x_init=reference.to_nchw(start))
     theirs_final = theirs_final.numpy().transpose(0, 2, 3, 1)
     gaps = reference.trajectory_gaps(np.stack(seen), np.stack(module.inputs), images)
     _report(f"APGD {ours_loss} vs rse apgd_train", gaps)
