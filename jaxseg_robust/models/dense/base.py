@@ -41,6 +41,7 @@ function (e.g. resize/normalise/pad, embed, decode the fixed prompts).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import jax
@@ -139,6 +140,40 @@ def random_variables(shapes: Mapping, key: jax.Array) -> dict:
             raise ValueError(f"random_variables: no rule for the variable '{'/'.join(path)}'")
         out[path] = jnp.asarray(value, jnp.float32)
     return traverse_util.unflatten_dict(out)
+
+
+@functools.lru_cache(maxsize=32)
+def network_variable_shapes(network_cls: type, config: Any, probe_hw: tuple[int, int]) -> dict:
+    """Cached ShapeDtypeStruct tree of ``network_cls(config)``'s variables.
+
+    Traced once per (network, config) on a zero image of ``probe_hw`` (tracing a
+    ResNet / ConvNeXt takes seconds); ``config`` must be hashable (a frozen dataclass).
+    """
+    x = jnp.zeros((1, *probe_hw, 3), jnp.float32)
+    return dict(jax.eval_shape(lambda k, i: network_cls(config).init(k, i), jax.random.key(0), x))
+
+
+class ConfiguredDense:
+    """Members shared by the dense wrappers around a frozen ``config`` (PSPNet / DeepLabv3, UPerNet,
+    torchvision DeepLabV3): the class count, the background class and host-drawn random variables.
+
+    A subclass is a frozen dataclass whose ``config`` has ``num_classes`` and ``background_class``,
+    and it implements ``variable_shapes()``.
+    """
+
+    @property
+    def num_classes(self) -> int:
+        """C."""
+        return self.config.num_classes
+
+    @property
+    def background_class(self) -> int | None:
+        """The background class index (0 for PASCAL VOC labels) or None (Cityscapes)."""
+        return self.config.background_class
+
+    def init(self, key: jax.Array) -> dict:
+        """Random variables of the right structure (`random_variables`, drawn on the host)."""
+        return random_variables(self.variable_shapes(), key)
 
 
 def binary_logits(mask_logit: jnp.ndarray) -> jnp.ndarray:

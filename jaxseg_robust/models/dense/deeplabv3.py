@@ -35,8 +35,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, Params, check_images,
-                                             normalise, random_variables)
+from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, ConfiguredDense, Params,
+                                             check_images, normalise)
 from jaxseg_robust.models.dense.layers import conv2d, upsample_bilinear
 
 FAMILY = "deeplabv3"
@@ -255,23 +255,13 @@ class DeepLabV3(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class DeepLabV3Dense:
+class DeepLabV3Dense(ConfiguredDense):
     """DeepLabV3 as a `DenseModel`: images in [0, 1] -> logits at the input resolution.
 
     ``params`` are the Flax variables ``{"params", "batch_stats"}`` of `DeepLabV3`.
     """
 
     config: DeepLabV3Config = DeepLabV3Config()
-
-    @property
-    def num_classes(self) -> int:
-        """C."""
-        return self.config.num_classes
-
-    @property
-    def background_class(self) -> int | None:
-        """The background class index (0 for VOC labels) or None."""
-        return self.config.background_class
 
     @property
     def network(self) -> DeepLabV3:
@@ -293,10 +283,6 @@ class DeepLabV3Dense:
 
     def _init_args(self):
         return jnp.zeros((1, 32, 32, 3), jnp.float32), self.config.aux_classifier
-
-    def init(self, key: jax.Array) -> Params:
-        """Random variables of the right structure (`random_variables`, drawn on the host)."""
-        return random_variables(self.variable_shapes(), key)
 
     def variable_shapes(self) -> dict:
         """ShapeDtypeStruct tree of the variables (auxiliary head included if configured)."""

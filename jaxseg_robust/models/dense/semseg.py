@@ -44,16 +44,14 @@ Variables ``{"params", "batch_stats"}``; the checkpoint key table is
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from typing import Any, Mapping
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, Params, check_images,
-                                             normalise, random_variables)
+from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, ConfiguredDense, Params,
+                                             check_images, network_variable_shapes, normalise)
 from jaxseg_robust.models.dense.deeplabv3 import EXPANSION, Bottleneck
 from jaxseg_robust.models.dense.layers import adaptive_avg_pool, conv2d, upsample_bilinear_aligned
 
@@ -287,7 +285,7 @@ class Semseg(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class SemsegDense:
+class SemsegDense(ConfiguredDense):
     """A semseg PSPNet / DeepLabv3 as a `DenseModel` (images in [0, 1] -> logits at input size).
 
     ``apply`` returns the evaluation branch (``cls``; DDC-AT: the normal branch
@@ -295,16 +293,6 @@ class SemsegDense:
     """
 
     config: SemsegConfig = SemsegConfig()
-
-    @property
-    def num_classes(self) -> int:
-        """C."""
-        return self.config.num_classes
-
-    @property
-    def background_class(self) -> int | None:
-        """0 for PASCAL VOC labels, None for Cityscapes."""
-        return self.config.background_class
 
     @property
     def network(self) -> Semseg:
@@ -330,20 +318,9 @@ class SemsegDense:
         hw = (output_size(images.shape[1]), output_size(images.shape[2]))
         return {k: upsample_bilinear_aligned(v, hw) for k, v in logits.items()}
 
-    def init(self, key: jax.Array) -> Params:
-        """Random variables of the right structure (`random_variables`, drawn on the host)."""
-        return random_variables(self.variable_shapes(), key)
-
     def variable_shapes(self) -> dict:
         """ShapeDtypeStruct tree of the variables (every head of the config)."""
-        return _variable_shapes(self.config)
-
-
-@functools.lru_cache(maxsize=16)
-def _variable_shapes(config: SemsegConfig) -> dict:
-    """Cached ShapeDtypeStruct tree of a config's variables (tracing a ResNet / ConvNeXt takes seconds)."""
-    x = jnp.zeros((1, 33, 33, 3), jnp.float32)
-    return dict(jax.eval_shape(lambda k, i: Semseg(config).init(k, i), jax.random.key(0), x))
+        return network_variable_shapes(Semseg, self.config, (33, 33))
 
 
 def load_converted(model_dir: str | os.PathLike) -> tuple[SemsegDense, dict]:

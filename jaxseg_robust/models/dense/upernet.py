@@ -36,7 +36,6 @@ Variables ``{"params", "batch_stats"}``; key table ``ports.upernet.upernet_rules
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from typing import Any, Mapping
 
@@ -44,7 +43,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxseg_robust.models.dense.base import Params, check_images, normalise, random_variables
+from jaxseg_robust.models.dense.base import (ConfiguredDense, Params, check_images,
+                                             network_variable_shapes, normalise)
 from jaxseg_robust.models.dense.layers import adaptive_avg_pool, conv2d, upsample_bilinear
 
 FAMILY = "upernet"
@@ -249,20 +249,10 @@ class UperNet(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class UperNetDense:
+class UperNetDense(ConfiguredDense):
     """UPerNet-ConvNeXt as a `DenseModel`: images in [0, 1] -> logits at the input resolution."""
 
     config: UperNetConfig = UperNetConfig()
-
-    @property
-    def num_classes(self) -> int:
-        """C."""
-        return self.config.num_classes
-
-    @property
-    def background_class(self) -> int | None:
-        """0 for PASCAL VOC labels."""
-        return self.config.background_class
 
     @property
     def network(self) -> UperNet:
@@ -288,20 +278,9 @@ class UperNetDense:
         hw = images.shape[1:3]
         return upsample_bilinear(logits, hw), upsample_bilinear(aux, hw)
 
-    def init(self, key: jax.Array) -> Params:
-        """Random variables of the right structure (`random_variables`, drawn on the host)."""
-        return random_variables(self.variable_shapes(), key)
-
     def variable_shapes(self) -> dict:
         """ShapeDtypeStruct tree of the variables (auxiliary head included if configured)."""
-        return _variable_shapes(self.config)
-
-
-@functools.lru_cache(maxsize=16)
-def _variable_shapes(config: UperNetConfig) -> dict:
-    """Cached ShapeDtypeStruct tree of a config's variables (tracing a ResNet / ConvNeXt takes seconds)."""
-    x = jnp.zeros((1, 64, 64, 3), jnp.float32)
-    return dict(jax.eval_shape(lambda k, i: UperNet(config).init(k, i), jax.random.key(0), x))
+        return network_variable_shapes(UperNet, self.config, (64, 64))
 
 
 def load_converted(model_dir: str | os.PathLike) -> tuple[UperNetDense, dict]:
