@@ -1,9 +1,14 @@
-"""`jaxseg-robust perturb --dataset voc|cityscapes` on a tiny random semseg model and a generated VOC folder.
+"""`jaxseg-robust perturb --dataset voc|cityscapes` on tiny random models and generated dataset folders.
 
-One module-scoped run (three 40x50 VOC images resized to 24x30, one image
-with a label value outside VOC's classes, PAdam-Cos with one step) checks the records, the paper-layout tables and the
-failed instance naming its file; the flag checks only parse and list
-(nothing is compiled). docs/protocols/perturbation.md.
+One module-scoped VOC run (a tiny PSPNet; three 40x50 VOC images resized to
+24x30, one image with a label value outside VOC's classes, PAdam-Cos with one
+step) checks the records, the paper-layout tables and the failed instance
+naming its file; one Cityscapes run (a tiny UPerNet-ConvNeXt saved as the
+port saves it; three images in two cities of the official
+leftImg8bit / gtFine layout, label ids mapped to train ids, DAG-0.003 with
+two iterations) checks the train-id confusions, the ignored void and the
+tables without background rows (``slow``). The flag checks only parse and list (nothing
+is compiled). docs/protocols/perturbation.md.
 """
 
 from __future__ import annotations
@@ -11,57 +16,24 @@ from __future__ import annotations
 import json
 import pathlib
 
-import jax
 import numpy as np
 import pytest
-from PIL import Image
+from semantic_folders import make_cityscapes, save_semseg, save_upernet, write_voc
 
 from jaxseg_robust.cli import EXIT_FAILURE, EXIT_PARTIAL, main
 from jaxseg_robust.commands import build_parser
 from jaxseg_robust.commands.perturb import prepare
-from jaxseg_robust.models import store
-from jaxseg_robust.models.dense.semseg import SemsegConfig, SemsegDense
+from jaxseg_robust.data.semantic import CITYSCAPES_EVAL_IDS, resize_labels
 from jaxseg_robust.reports import perturb as report
 from jaxseg_robust.reports.perturb_tables import per_attack_rows, worst_case_rows
 from jaxseg_robust.runner.records import read_run_records
 
-TINY_SEMSEG = dict(width=4, blocks=(1, 1, 1, 1), head_channels=8, aux_channels=4, bins=(1, 2))
 IDS = ("2007_000001", "2007_000002", "2007_000003")
 BAD_ID = "2007_000009"
-
-
-def _palette_png(path, labels: np.ndarray) -> None:
-    image = Image.fromarray(labels.astype(np.uint8), mode="P")
-    image.putpalette([v for i in range(256) for v in (i, 255 - i, (7 * i) % 256)])
-    image.save(path)
-
-
-def write_voc(root: pathlib.Path, ids, *, bad: str | None = None, size=(40, 50), seed=0) -> pathlib.Path:
-    """``root/VOCdevkit/VOC2012`` with JPEG images, palette labels 0..20 + void 255 and ``val.txt``."""
-    rng = np.random.default_rng(seed)
-    voc = root / "VOCdevkit" / "VOC2012"
-    for sub in ("ImageSets/Segmentation", "JPEGImages", "SegmentationClass"):
-        (voc / sub).mkdir(parents=True, exist_ok=True)
-    for image_id in (*ids, *([bad] if bad else [])):
-        image = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
-        labels = np.zeros(size, np.uint8)
-        labels[5:20, 10:30] = rng.integers(1, 21)
-        labels[0, :] = 255
-        if image_id == bad:
-            labels[3, 3] = 50
-        Image.fromarray(image).save(voc / "JPEGImages" / f"{image_id}.jpg")
-        _palette_png(voc / "SegmentationClass" / f"{image_id}.png", labels)
-    listed = (*ids, *([bad] if bad else []))
-    (voc / "ImageSets/Segmentation/val.txt").write_text("\n".join(listed) + "\n")
-    return root
-
-
-def save_semseg(path: pathlib.Path, classes: int = 21, background: int | None = 0) -> pathlib.Path:
-    config = SemsegConfig(num_classes=classes, background_class=background, **TINY_SEMSEG)
-    model = SemsegDense(config)
-    variables = jax.tree.map(np.asarray, model.init(jax.random.key(0)))
-    store.save(path, variables, family="semseg", variant=config.variant, config=config.to_dict())
-    return path
+CITIES = {"lindau": ["lindau_000001_000019", "lindau_000000_000019"], "frankfurt": ["frankfurt_000000_000294"]}
+CITYSCAPES_HW = (32, 64)
+# The UPerNet run costs about as much as the VOC one (~30 s on two idle cores, ~50 s at load 9): slow.
+SLOW_CITYSCAPES = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +129,56 @@ def test_semantic_errors_name_the_file_or_flag(tmp_path, semseg_dir, voc_root, c
     code = main(["perturb", "--model", str(semseg_dir), "--dataset", "voc", "--data-root", str(voc_root),
                  "--resize", "sideways:3", "--out", out, "--progress", "none"])
     assert code == EXIT_FAILURE and "sideways:3" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def cityscapes_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cityscapes")
+    raw = make_cityscapes(root, CITIES, size=(2 * CITYSCAPES_HW[0], 2 * CITYSCAPES_HW[1]))
+    model = save_upernet(tmp_path_factory.mktemp("model") / "upernet_tiny", classes=19, background=None)
+    out = tmp_path_factory.mktemp("runs") / "cityscapes"
+    argv = ["perturb", "--model", str(model), "--dataset", "cityscapes", "--data-root", str(root),
+            "--resize", "fixed:{}x{}".format(*CITYSCAPES_HW), "--attacks", "dag-0.003", "--dag-iterations", "2",
+            "--out", str(out), "--progress", "none", "--examples", "1"]
+    return main(argv), out, raw
+
+
+@SLOW_CITYSCAPES
+def test_cityscapes_run_with_upernet_counts_train_ids_only(cityscapes_run):
+    code, out, raw = cityscapes_run
+    assert code == 0
+    records = {r["id"]: r for r in read_run_records(out)}
+    assert sorted(records) == sorted(raw)
+    config = json.loads((out / "manifest.json").read_text())["config"]
+    assert (config["dataset"], config["family"], config["resize"]) == ("cityscapes", "upernet", "fixed:32x64")
+    assert (config["void_policy"], config["num_classes"], config["background_class"]) == ("ignore", 19, None)
+    assert config["candidates"] == ["clean", "dag_0.003"]
+    for key, ids in raw.items():
+        payload = records[key]["payload"]
+        confusions = np.asarray(payload["confusions"])
+        assert confusions.shape == (2, 19, 19)
+        assert (payload["height"], payload["width"]) == CITYSCAPES_HW
+        counted = np.isin(resize_labels(ids, CITYSCAPES_HW), CITYSCAPES_EVAL_IDS).sum()
+        assert 0 < counted < np.prod(CITYSCAPES_HW)  # the ids other than the 19 train ids are void
+        assert confusions.sum(axis=(1, 2)).tolist() == [counted, counted]
+        labels = resize_labels(ids, CITYSCAPES_HW)
+        for train_id in (0, 18):  # label ids 7 (road) and 33 (bicycle) are the first and last rows
+            assert confusions[0, train_id].sum() == (labels == CITYSCAPES_EVAL_IDS[train_id]).sum()
+        assert payload["backwards"][0] == 0 and 1 <= payload["backwards"][1] <= 2  # clean, DAG
+
+
+@SLOW_CITYSCAPES
+def test_cityscapes_run_writes_tables_without_background_rows(cityscapes_run):
+    _, out, _ = cityscapes_run
+    compiled = [json.loads(line) for line in (out / "compile.jsonl").read_text().splitlines()]
+    assert compiled[-1]["programs"] == 2 and compiled[-1]["compiles"] == 2  # DAG + scoring, one size
+    run = report.load_run(out)
+    rows = worst_case_rows([run], ["upernet"])
+    assert [(r["metric"], r["setting"]) for r in rows] == [("Acc", ""), ("CmIoU", ""), ("NmIoU", "")]
+    for row in rows:
+        clean, robust = (float(v) for v in row["upernet"].split(" / "))
+        assert 0 <= robust <= 100 and 0 <= clean <= 100
+    assert [r["attack"] for r in per_attack_rows(run)] == ["clean", "DAG-0.003", "aggregated"]
+    per_attack = (out / "report" / "per_attack.md").read_text()
+    assert "with background" in per_attack and "without background" not in per_attack
+    assert len(list((out / "examples").glob("*.npz"))) == 1

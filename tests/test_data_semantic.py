@@ -5,17 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from PIL import Image
+from semantic_folders import make_cityscapes, palette_png
 
 from jaxseg_robust.data.semantic import (CITYSCAPES_EVAL_IDS, CITYSCAPES_PROTOCOL, VOC_PROTOCOL, VOID,
                                          ResizeRule, SemanticDatasetError, list_cityscapes,
                                          list_semantic_dataset, list_voc, load_all, nearest_indices,
                                          resize_image, resize_labels)
-
-
-def _palette_png(path, labels: np.ndarray) -> None:
-    im = Image.fromarray(labels.astype(np.uint8), mode="P")
-    im.putpalette([v for i in range(256) for v in (i, 255 - i, (7 * i) % 256)])
-    im.save(path)
 
 
 def make_voc(root, ids_sizes, *, layout=("VOCdevkit", "VOC2012"), seed=0):
@@ -29,25 +24,10 @@ def make_voc(root, ids_sizes, *, layout=("VOCdevkit", "VOC2012"), seed=0):
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(voc / "JPEGImages" / f"{i}.jpg")
         lab = rng.integers(0, 21, (h, w)).astype(np.uint8)
         lab[0, :] = VOID
-        _palette_png(voc / "SegmentationClass" / f"{i}.png", lab)
+        palette_png(voc / "SegmentationClass" / f"{i}.png", lab)
         labels[i] = lab
     (voc / "ImageSets/Segmentation/val.txt").write_text("\n".join(ids_sizes) + "\n")
     return voc, labels
-
-
-def make_cityscapes(root, cities, *, size=(8, 16), seed=0):
-    rng = np.random.default_rng(seed)
-    raw = {}
-    for city, stems in cities.items():
-        (root / "leftImg8bit/val" / city).mkdir(parents=True, exist_ok=True)
-        (root / "gtFine/val" / city).mkdir(parents=True, exist_ok=True)
-        for stem in stems:
-            Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(
-                root / "leftImg8bit/val" / city / f"{stem}_leftImg8bit.png")
-            ids = rng.integers(0, 34, size).astype(np.uint8)
-            Image.fromarray(ids, mode="L").save(root / "gtFine/val" / city / f"{stem}_gtFine_labelIds.png")
-            raw[f"{city}/{stem}"] = ids
-    return raw
 
 
 def test_resize_rules_follow_torchvision():
@@ -112,12 +92,12 @@ def test_voc_errors_name_the_file(tmp_path):
     (voc / "SegmentationClass" / "b.png").unlink()
     with pytest.raises(SemanticDatasetError, match="b.png"):
         list_voc(tmp_path)
-    _palette_png(voc / "SegmentationClass" / "b.png", np.zeros((11, 12), np.uint8))
+    palette_png(voc / "SegmentationClass" / "b.png", np.zeros((11, 12), np.uint8))
     with pytest.raises(SemanticDatasetError, match=r"b\.png.*12x11 labels"):
         list_voc(tmp_path)
     bad = np.zeros((10, 12), np.uint8)
     bad[3, 3] = 40
-    _palette_png(voc / "SegmentationClass" / "b.png", bad)
+    palette_png(voc / "SegmentationClass" / "b.png", bad)
     refs = list_voc(tmp_path)  # listing reads headers only; decoding names the file
     with pytest.raises(SemanticDatasetError, match=r"b\.png: label values \[40\]"):
         refs[1].load()

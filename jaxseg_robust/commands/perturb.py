@@ -216,7 +216,6 @@ def load_target(name_or_dir: str, *, random_seed: int | None = None, multimask_o
       FileNotFoundError / jaxseg_robust.models.store.StoreError: missing or damaged weights.
     """
     import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
 
     from jaxseg_robust.models import dense, zoo  # noqa: PLC0415
     from jaxseg_robust.models.dense import deeplabv3, semseg, u2net, upernet  # noqa: PLC0415
@@ -238,7 +237,7 @@ def load_target(name_or_dir: str, *, random_seed: int | None = None, multimask_o
         if compute_dtype is not None:
             raise ValueError("--compute-dtype applies to SAM-family models, not to a dense model")
         model, variables = dense.load_converted(path)
-        params = jax.tree.map(jnp.asarray, variables)
+        params = jax.device_put(variables)  # a transfer; jnp.asarray would compile one program per leaf shape
         description = {"model": str(path.resolve()), "kind": "dense", "family": store.read_meta(path)["family"]}
         return Target(description, model, params, False, fingerprint_params(params))
     else:
