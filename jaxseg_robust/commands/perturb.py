@@ -26,7 +26,9 @@ ALMA prox needs a model with >= 3 classes (its DLR constraint uses the
 top-3 logits), so it is refused for binary models.
 
 Images are attacked at their own size (no spatial padding, §10.5; one
-compilation per attack and image size); ``--max-side`` (default 2048, the
+compilation per attack and image size) unless ``--pad-to-multiple N`` pads
+them into frames of multiples of N (§10.6: fewer compilations, the padding is
+void and never perturbed, but the model sees it); ``--max-side`` (default 2048, the
 size guard of every command, 0 = none) downsizes larger images first
 (Pillow bilinear, masks nearest), which changes the threat model to the
 downsized image; the record of such an instance says so (``"resized"``:
@@ -111,6 +113,10 @@ def register(subparsers) -> None:
                           help="shorter:N, longer:N, fixed:HxW or none (default: the paper's, VOC shorter:512, "
                                "Cityscapes fixed:512x1024)")
     add_run_arguments(parser, default_batch_size=1, default_frame=None)  # images are attacked at their own size
+    add_flag(semantic, "--pad-to-multiple", type=non_negative_int, default=0, metavar="N",
+             help="opt-in: pad image and labels to H, W rounded up to a multiple of N (one compiled program set "
+                  "per padded size; padding is void and never perturbed, but the model sees it as context, so "
+                  "numbers can differ from the paper's; docs §10.6). Default 0: every image at its own size")
     group = parser.add_argument_group("perturbation battery")
     group.add_argument("--attacks", default=DEFAULT_ATTACKS, help="comma list (default %(default)s; or 'all')")
     group.add_argument("--eps", default="8/255", help="L∞ radius in image units, e.g. 8/255 or 0.03 (default %(default)s)")
@@ -268,13 +274,20 @@ class ExampleSaver:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{instance.dataset}__{instance.id}")
+        height, width = instance.image.shape[:2]  # the image inside a padded frame
         np.savez_compressed(self.folder / f"{safe}.npz", name=instance.name,
                             attack=self.names[payload["worst_miou"]], miou_clean=payload["miou_clean"],
-                            miou_adv=payload["miou_worst"], **{k: np.asarray(outputs[k]) for k in EXAMPLE_KEYS})
+                            miou_adv=payload["miou_worst"],
+                            **{k: np.asarray(outputs[k])[:height, :width] for k in EXAMPLE_KEYS})
 
 
-def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, seed: int):
-    """``PaddedBatch -> outputs [B, ...]``: the battery, the per-image worst image and predictions."""
+def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, seed: int, padded: bool = False):
+    """``PaddedBatch -> outputs [B, ...]``: the battery, the per-image worst image and predictions.
+
+    ``padded``: the batch's frames are padded spatially (``--pad-to-multiple``,
+    §10.6): ``batch.valid`` is then the attack region (nothing outside it is
+    attacked, perturbed or counted).
+    """
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
@@ -300,8 +313,9 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
         else:
             labels, valid = clean_pred, jnp.asarray(batch.valid)
         keys = instance_keys(base_key, jnp.asarray(batch.seed))
+        region = jnp.asarray(batch.valid) if padded else None
         result = run_battery(candidates, logits_fn, params, images, labels, valid, keys, num_classes=num_classes,
-                             background_class=background, keep_worst=(("miou", True),))
+                             background_class=background, keep_worst=(("miou", True),), region=region)
         worst = result.worst_images[("miou", True)]
         if "clean" in result.names:
             clean_confusions = result.confusions[result.names.index("clean")]
@@ -503,12 +517,16 @@ def run_battery_into(args, target: Target, instances, battery):
 
         config.update(dataset=args.dataset, split=args.split, resize=rule_text(resize_rule_of(args)))
         del config["max_side"]
+    padded = args.pad_to_multiple > 0
+    if padded:
+        config["pad_to_multiple"] = args.pad_to_multiple
+        args = argparse.Namespace(**{**vars(args), "frame": f"round:{args.pad_to_multiple}"})
     saver = ExampleSaver(pathlib.Path(args.out) / "examples", args.examples, names)
     attacked = ", ".join(name for name in names if name != "clean")
     print(f"perturb: {len(instances)} instances, attacks {attacked}, ε = {args.eps}, "
           f"model {target.description['model']} ({target.description['kind']})", flush=True)
     summary = run_protocol(args, instances=instances, config=config, model=target, check=None,
-                           batch_fn=make_batch_fn(target, candidates, battery, args.labels, args.seed),
+                           batch_fn=make_batch_fn(target, candidates, battery, args.labels, args.seed, padded),
                            finalize=make_finalize(saver, battery.background_class))
     compiled = battery_compile_summary(candidates, target.model.apply, battery.num_classes)
     write_compile_summary(pathlib.Path(args.out), compiled)

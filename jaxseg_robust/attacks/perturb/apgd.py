@@ -197,7 +197,8 @@ class _State(NamedTuple):
                                              "accept_if_improved", "reference_quirks"))
 def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str | tuple[str, ...],
          track_loss: str | tuple[str, ...], epsilon: float, stages: tuple[Stage, ...], early_stop: bool,
-         accept_if_improved: bool = False, reference_quirks: bool = True, loss_index=None) -> AttackResult:
+         accept_if_improved: bool = False, reference_quirks: bool = True, loss_index=None,
+         region=None) -> AttackResult:
     """APGD over a radius schedule (§3.1-§3.2), maximising a masked per-pixel loss.
 
     Args:
@@ -218,6 +219,9 @@ def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str |
       loss_index: with tuples of names for ``loss`` and ``track_loss`` (equal
         lengths), the traced int32 index of the pair to use (one program for
         several SEA members).
+      region: bool[B, H, W] the image's own pixels in a spatially padded frame
+        (§10.6), or None: the §3.5 accuracies count the pixels of the region
+        only (padding is neither void nor counted).
 
     Returns:
       AttackResult: images = the last stage's lowest-accuracy iterate (or the
@@ -245,6 +249,7 @@ def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str |
     batch, height, width = labels.shape
     events = _event_tables(stages, epsilon)
     valid_count = count_pixels(mask)
+    pixels = height * width if region is None else count_pixels(region)
 
     def objective(points, segpgd_weight):
         logits = logits_fn(params, points)
@@ -254,7 +259,7 @@ def apgd(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str |
 
     ctx = _Context(images=images, labels=labels, mask=mask, tables=jax.tree.map(jnp.asarray, events),
                    num_events=len(events.stage), history_length=max(stage.num_iterations for stage in stages),
-                   valid_count=valid_count, void_count=height * width - valid_count, num_pixels=height * width,
+                   valid_count=valid_count, void_count=pixels - valid_count, num_pixels=pixels,
                    random_start=uniform_start(keys, images, stages[0].scale * epsilon),
                    value_and_grad=jax.value_and_grad(objective, has_aux=True), track_loss=track_loss,
                    loss_index=loss_index,
@@ -290,7 +295,7 @@ class _Context(NamedTuple):
     history_length: int
     valid_count: jnp.ndarray
     void_count: jnp.ndarray
-    num_pixels: int
+    num_pixels: int | jnp.ndarray
     random_start: jnp.ndarray
     value_and_grad: object
     track_loss: str | tuple[str, ...]

@@ -98,7 +98,7 @@ def check_steps(value, name: str, minimum: int = 1) -> int:
 
 
 def attack_targets(labels, valid, *, num_classes: int, family: str, void_policy: str = VOID_AS_BACKGROUND,
-                   background_class: int = 0) -> tuple[jnp.ndarray, jnp.ndarray]:
+                   background_class: int = 0, region=None) -> tuple[jnp.ndarray, jnp.ndarray]:
     """The labels ``y`` and attack mask ``m`` an attack family sees (§1.2, §8.2 #8).
 
     A pixel is *labelled* when ``valid`` and ``0 <= labels < num_classes``;
@@ -118,6 +118,9 @@ def attack_targets(labels, valid, *, num_classes: int, family: str, void_policy:
       family: ``"max_damage"`` or ``"min_norm"``.
       void_policy: ``"as_background"`` or ``"ignore"``.
       background_class: class that void pixels become under ``as_background``.
+      region: bool [..., H, W] the image's own pixels in a spatially padded
+        frame (§10.6), or None (no spatial padding). Pixels outside it are
+        never attacked, whatever the policy.
 
     Returns:
       ``(y, m)``: int32 [..., H, W] labels in [0, C) (void pixels set to
@@ -135,9 +138,11 @@ def attack_targets(labels, valid, *, num_classes: int, family: str, void_policy:
     if valid.shape != labels.shape or valid.dtype != jnp.bool_:
         raise ValueError(f"valid must be bool of shape {labels.shape}, got {valid.dtype} {valid.shape}")
     labelled = valid & (labels >= 0) & (labels < num_classes)
+    if region is not None:
+        labelled = labelled & jnp.asarray(region, bool)
     if family == MAX_DAMAGE and void_policy == VOID_AS_BACKGROUND:
         y = jnp.where(labelled, labels, background_class).astype(jnp.int32)
-        return y, jnp.ones_like(labelled)
+        return y, jnp.ones_like(labelled) if region is None else jnp.asarray(region, bool)
     return jnp.where(labelled, labels, 0).astype(jnp.int32), labelled
 
 

@@ -119,8 +119,9 @@ class BatteryConfig:
         return (("clean",) if self.include_clean else ()) + tuple(names)
 
 
-# A candidate maps (params, images f32[B,H,W,3], labels int[B,H,W], valid bool[B,H,W], keys [B]) -> AttackResult.
-CandidateFn = Callable[[Any, jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray], AttackResult]
+# A candidate maps (params, images f32[B,H,W,3], labels int[B,H,W], valid bool[B,H,W], keys [B],
+# region bool[B,H,W] | None = None) -> AttackResult.
+CandidateFn = Callable[..., AttackResult]
 # Which shared program runs each member, and the member's traced argument (loss index or DAG γ).
 PROGRAM_OF = {"padam_ce": ("padam", 0), "padam_cos": ("padam", 1), "sea_mce": ("sea", 0), "sea_bce": ("sea", 1),
               "sea_jsd": ("sea", 2), "sea_msl": ("sea", 3), "dag_0.001": ("dag", 0.001),
@@ -144,49 +145,79 @@ class Candidate:
     program: CompiledProgram | None = None
 
 
-def _clean(params, images, labels, valid, keys) -> AttackResult:
-    del params, labels, valid, keys
+def _clean(params, images, labels, valid, keys, region=None) -> AttackResult:
+    del params, labels, valid, keys, region
     zeros = jnp.zeros(images.shape[0], jnp.int32)
     return AttackResult(images=images, forwards=zeros, backwards=zeros, info={})
 
 
+def region_model(logits_fn: LogitsFn, images, region) -> LogitsFn:
+    """The model an attack sees in a spatially padded frame (§10.6): padding always shows the clean frame.
+
+    ``logits_fn(params, where(region, points, images))``: a change outside
+    ``region`` (bool[B, H, W]) never reaches the model, so its gradient there
+    is exactly zero and the perturbation that counts is the one inside the image.
+    """
+    inside = region[..., None]
+    return lambda params, points: logits_fn(params, jnp.where(inside, points, images))
+
+
+def _in_region(result: AttackResult, images, region) -> AttackResult:
+    """``result`` with the clean frame restored outside ``region`` (the perturbation is zero there)."""
+    return result._replace(images=jnp.where(region[..., None], result.images, images))
+
+
 def _family_programs(logits_fn: LogitsFn, config: BatteryConfig, wanted: set[str]) -> dict[str, CompiledProgram]:
-    """The shared programs ``(params, images, labels, valid, keys, attack_index, member) -> AttackResult``."""
+    """Shared programs ``(params, images, labels, valid, keys, attack_index, member[, region]) -> AttackResult``.
+
+    Without ``region`` the attacks run on the model as it is; with it
+    (spatially padded frames, §10.6) on `region_model`, with padding excluded
+    from the attack mask and the perturbation set to zero outside the region.
+    """
     c = config
     epsilon = float(c.epsilon)
 
-    def targets(labels, valid, family):
+    def targets(labels, valid, family, region):
         return attack_targets(labels, valid, num_classes=c.num_classes, family=family, void_policy=c.void_policy,
-                              background_class=c.background_class)
+                              background_class=c.background_class, region=region)
 
-    def padam_program(params, images, labels, valid, keys, attack_index, member):
-        y, m = targets(labels, valid, MAX_DAMAGE)
-        return padam(logits_fn, params, images, y, m, member_keys(keys, attack_index), loss=PADAM_MEMBER_LOSSES,
+    def padam_attack(model, params, images, labels, valid, keys, attack_index, member, region):
+        y, m = targets(labels, valid, MAX_DAMAGE, region)
+        return padam(model, params, images, y, m, member_keys(keys, attack_index), loss=PADAM_MEMBER_LOSSES,
                      loss_index=member, epsilon=epsilon, num_steps=c.padam_steps)
 
-    def sea_program(params, images, labels, valid, keys, attack_index, member):
-        y, m = targets(labels, valid, MAX_DAMAGE)
-        return sea(logits_fn, params, images, y, m, member_keys(keys, attack_index), loss=SEA_MEMBER_LOSSES,
+    def sea_attack(model, params, images, labels, valid, keys, attack_index, member, region):
+        y, m = targets(labels, valid, MAX_DAMAGE, region)
+        return sea(model, params, images, y, m, member_keys(keys, attack_index), loss=SEA_MEMBER_LOSSES,
                    loss_index=member, epsilon=epsilon, schedule=c.sea_schedule, total_iterations=c.sea_iterations,
-                   msl_track=c.msl_track, reference_quirks=c.reference_quirks)
+                   msl_track=c.msl_track, reference_quirks=c.reference_quirks, region=region)
 
     def min_norm(attack, **kwargs):
-        def program(params, images, labels, valid, keys, attack_index, member):
+        def run(model, params, images, labels, valid, keys, attack_index, member, region):
             del keys, attack_index, member
-            y, m = targets(labels, valid, MIN_NORM)
-            return attack(logits_fn, params, images, y, m, epsilon=epsilon, **kwargs)
+            y, m = targets(labels, valid, MIN_NORM, region)
+            return attack(model, params, images, y, m, epsilon=epsilon, **kwargs)
+        return run
+
+    def dag_attack(model, params, images, labels, valid, keys, attack_index, member, region):
+        del keys, attack_index
+        y, m = targets(labels, valid, MIN_NORM, region)
+        return dag(model, params, images, y, m, gamma=member, max_iterations=c.dag_iterations, epsilon=epsilon)
+
+    def program_of(attack):
+        def program(params, images, labels, valid, keys, attack_index, member, region=None):
+            if region is None:
+                return attack(logits_fn, params, images, labels, valid, keys, attack_index, member, None)
+            model = region_model(logits_fn, images, region)
+            result = attack(model, params, images, labels, valid, keys, attack_index, member, region)
+            return _in_region(result, images, region)
         return program
 
-    def dag_program(params, images, labels, valid, keys, attack_index, member):
-        del keys, attack_index
-        y, m = targets(labels, valid, MIN_NORM)
-        return dag(logits_fn, params, images, y, m, gamma=member, max_iterations=c.dag_iterations, epsilon=epsilon)
-
-    makers = {"padam": lambda: padam_program, "sea": lambda: sea_program, "dag": lambda: dag_program,
+    makers = {"padam": lambda: padam_attack, "sea": lambda: sea_attack, "dag": lambda: dag_attack,
               "pdpgd": lambda: min_norm(pdpgd, num_steps=c.pdpgd_steps),
               "alma_prox": lambda: min_norm(alma_prox, num_steps=c.alma_steps, lr_init=c.alma_lr_init,
                                             reference_quirks=c.reference_quirks)}
-    return {name: CompiledProgram(name, makers[name]()) for name in makers if name in wanted}
+    return {name: CompiledProgram(name, program_of(makers[name]())) for name in makers if name in wanted}
 
 
 def build_battery(logits_fn: LogitsFn, config: BatteryConfig) -> tuple[Candidate, ...]:
@@ -209,9 +240,10 @@ def build_battery(logits_fn: LogitsFn, config: BatteryConfig) -> tuple[Candidate
     def member_run(program, attack_index, member):
         dtype = jnp.float32 if isinstance(member, float) else jnp.int32
 
-        def run(params, images, labels, valid, keys):
-            return program(params, images, labels, valid, keys, jnp.asarray(attack_index, jnp.uint32),
-                           jnp.asarray(member, dtype))
+        def run(params, images, labels, valid, keys, region=None):
+            args = (params, images, labels, valid, keys, jnp.asarray(attack_index, jnp.uint32),
+                    jnp.asarray(member, dtype))
+            return program(*args) if region is None else program(*args, region)
         return run
 
     candidates = []
@@ -307,7 +339,7 @@ class BatteryResult(NamedTuple):
 
 def run_battery(candidates: Sequence[Candidate], logits_fn: LogitsFn, params, images, labels, valid, keys, *,
                 num_classes: int, background_class: int = 0,
-                keep_worst: Sequence[tuple[str, bool]] = ()) -> BatteryResult:
+                keep_worst: Sequence[tuple[str, bool]] = (), region=None) -> BatteryResult:
     """Runs every candidate on one batch and scores it (streaming; only statistics are kept).
 
     Args:
@@ -320,6 +352,10 @@ def run_battery(candidates: Sequence[Candidate], logits_fn: LogitsFn, params, im
       background_class: for the without-background scores of ``keep_worst``.
       keep_worst: selection rules ``(metric, with_background)`` whose selected
         images should be kept (one image buffer each).
+      region: bool[B, H, W] each image's own pixels when the batch is padded
+        spatially into one frame (§10.6), else None. Pixels outside it are
+        never attacked (perturbation zero, outside every attack mask) and
+        must be False in ``valid`` (not counted).
 
     Returns:
       :class:`BatteryResult`.
@@ -328,7 +364,8 @@ def run_battery(candidates: Sequence[Candidate], logits_fn: LogitsFn, params, im
     trackers = {rule: (jnp.zeros(images.shape[0], jnp.int32), jnp.full(images.shape[0], jnp.inf, jnp.float32),
                        images) for rule in keep_worst}
     for index, candidate in enumerate(candidates):
-        result = candidate.run(params, images, labels, valid, keys)
+        arguments = (params, images, labels, valid, keys) + (() if region is None else (region,))
+        result = candidate.run(*arguments)
         confusion = score_program(logits_fn, num_classes)(params, result.images, labels, valid)
         for rule, (best_index, best_score, best_images) in trackers.items():
             score = per_image_scores(confusion, metric=rule[0], with_background=rule[1],

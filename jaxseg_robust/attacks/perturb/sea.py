@@ -45,7 +45,8 @@ def sea_losses(loss: str, schedule: str = "progressive", msl_track: str | None =
 
 def sea(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str | tuple[str, ...],
         epsilon: float = DEFAULT_EPSILON, schedule: str = "progressive", total_iterations: int = 300,
-        msl_track: str | None = None, reference_quirks: bool = True, loss_index=None) -> AttackResult:
+        msl_track: str | None = None, reference_quirks: bool = True, loss_index=None,
+        region=None) -> AttackResult:
     """One SEA attack of the battery (jitted per static configuration through :func:`apgd.apgd`).
 
     Args:
@@ -63,6 +64,7 @@ def sea(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str | 
       reference_quirks: §3.5 start-point accuracy quirk.
       loss_index: with a tuple of losses, the traced index of the one to run
         (one compiled program for several SEA members).
+      region: bool[B, H, W] the image's pixels in a spatially padded frame, or None (§10.6).
 
     Returns:
       AttackResult of :func:`apgd.apgd`; the returned image is always in the ε-ball.
@@ -76,4 +78,4 @@ def sea(logits_fn: LogitsFn, params, images, labels, mask, keys, *, loss: str | 
     stages = progressive_stages(total_iterations) if progressive else single_stage(total_iterations)
     return apgd(logits_fn, params, images, labels, mask, keys, loss=optimized, track_loss=tracked,
                 epsilon=float(epsilon), stages=stages, early_stop=progressive, accept_if_improved=not progressive,
-                reference_quirks=bool(reference_quirks), loss_index=loss_index)
+                reference_quirks=bool(reference_quirks), loss_index=loss_index, region=region)
