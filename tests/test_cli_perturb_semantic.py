@@ -182,3 +182,25 @@ def test_cityscapes_run_writes_tables_without_background_rows(cityscapes_run):
     per_attack = (out / "report" / "per_attack.md").read_text()
     assert "with background" in per_attack and "without background" not in per_attack
     assert len(list((out / "examples").glob("*.npz"))) == 1
+
+
+def test_padded_voc_run_compiles_one_program_set_for_several_sizes(tmp_path, semseg_dir):
+    sizes = {"2008_000001": (40, 50), "2008_000002": (40, 56), "2008_000003": (44, 40)}
+    root = write_voc(tmp_path / "mixed", tuple(sizes), sizes=sizes)
+    out = tmp_path / "padded"
+    argv = ["perturb", "--model", str(semseg_dir), "--dataset", "voc", "--data-root", str(root),
+            "--resize", "shorter:24", "--pad-to-multiple", "40", "--attacks", "padam-ce", "--padam-steps", "1",
+            "--out", str(out), "--progress", "none", "--examples", "3"]
+    assert main(argv) == 0
+    compiled = [json.loads(line) for line in (out / "compile.jsonl").read_text().splitlines()]
+    assert compiled[-1]["programs"] == 2 and compiled[-1]["compiles"] == 2  # 24x30, 24x33, 26x24 -> one 40x40 frame
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["pad_to_multiple"] == 40 and "40" in manifest["engine"]["frame_policy"]
+    records = {r["id"]: r["payload"] for r in read_run_records(out)}
+    expected = {"2008_000001": (24, 30), "2008_000002": (24, 33), "2008_000003": (26, 24)}
+    for image_id, (height, width) in expected.items():
+        assert (records[image_id]["height"], records[image_id]["width"]) == (height, width)
+        confusions = np.asarray(records[image_id]["confusions"])
+        assert confusions.sum(axis=(1, 2)).tolist() == [(height - 1) * width] * 2  # image pixels, void row out
+        example = np.load(out / "examples" / f"voc__{image_id}.npz")
+        assert example["adversarial"].shape == (height, width, 3) and example["valid"].shape == (height, width)
