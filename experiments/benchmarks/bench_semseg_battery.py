@@ -29,11 +29,14 @@ Whole battery per image: ``--battery-fraction`` of the paper's budgets
 attack available on both sides, ours through ``attacks.perturb.ensemble``
 (``build_battery`` + ``run_battery``, each family's shared program compiled
 on a first warm-up batch, its compile time measured by the program itself,
-timed on a second) against the reference attacks in the
+timed on ``--images`` further images in batches of ``--batch``) against the reference attacks in the
 authors' order with the per-image worst case (``composite_attack``'s loop, one
 image per call so its selection is per image). Reported: seconds per image
 on each side and the ratio (> 1: ours is faster), and our compile seconds.
-A reference that cannot be imported is reported as "n/a", never replaced.
+The reference runs eagerly (adv-lib's ``torch.compile``'d ternary search as
+written, as in the parity tests), one image at a time over the same images.
+``--iterations 0`` skips the per-attack part. A reference that cannot be
+imported is reported as "n/a", never replaced.
 ``JAX_PLATFORMS`` is respected (``--torch-device cuda`` puts the reference on
 the GPU too).
 """
@@ -146,9 +149,9 @@ def load_rse(root: pathlib.Path):
 def load_advlib():
     """adv-lib's segmentation attacks, or None (it needs torchvision)."""
     try:
-        import perturb_reference
+        from attack_reference import import_with_stand_ins
 
-        return perturb_reference.import_advlib_segmentation()
+        return import_with_stand_ins("adv_lib.attacks.segmentation")
     except Exception as err:  # noqa: BLE001 - reported as n/a
         print(f"adv-lib unavailable ({type(err).__name__}: {err}); DAG / PDPGD / ALMA prox: n/a", flush=True)
         return None
@@ -264,8 +267,10 @@ def battery_row(names, ours_model, params, torch_model, refs, images, labels, ar
                     num_classes=ours_model.num_classes)
         return time.perf_counter() - start
 
+    count = args.images or b  # images timed on each side (after one warm-up batch of ours)
     ours_pass(0)  # compiles every program (timed apart by the programs themselves)
-    steady = ours_pass(b)
+    steady = sum(ours_pass(offset) for offset in range(b, b + count, b))
+    timed = len(range(b, b + count, b)) * b
     refs_runs = [(n, reference_attack(n, refs, steps_of(n, budget), epsilon, 0.99)) for n in names]
 
     def reference_image(i: int):  # composite_attack's loop, one image: per-image selection
@@ -284,14 +289,18 @@ def battery_row(names, ours_model, params, torch_model, refs, images, labels, ar
 
     theirs = float("nan")
     if all(ref is not None for _, ref in refs_runs):
+        from attack_reference import eager_reference
+
         start = time.perf_counter()
-        for i in range(b, 2 * b):
-            reference_image(i)
-        theirs = (time.perf_counter() - start) / b
+        with eager_reference():  # adv-lib's torch.compile'd ternary search runs as written
+            for i in range(b, b + timed):
+                reference_image(i)
+        theirs = (time.perf_counter() - start) / timed
     compiled = battery_compile_summary(candidates, ours_model.apply, ours_model.num_classes)
-    row = {"ours_s_per_image": steady / b, "ref_s_per_image": theirs, "ratio": theirs / (steady / b),
+    row = {"ours_s_per_image": steady / timed, "ref_s_per_image": theirs, "ratio": theirs / (steady / timed),
+           "images": timed,
            "compile_s": compiled["compile_seconds"], "programs": compiled["programs"], "budget": budget}
-    print(f"  battery ({', '.join(names)}; budgets {budget}): ours {row['ours_s_per_image']:.2f} s/image, "
+    print(f"  battery over {timed} images ({', '.join(names)}; budgets {budget}): ours {row['ours_s_per_image']:.2f} s/image, "
           f"reference {row['ref_s_per_image']:.2f} s/image, ours/reference {row['ratio']:.2f}, "
           f"our compile {row['compile_s']:.1f} s ({row['programs']} programs, measured apart)", flush=True)
     return row
@@ -302,7 +311,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="512,682", help="H,W of the images (the paper's VOC: 512,682)")
     parser.add_argument("--batch", type=int, default=1, help="images per attack call")
-    parser.add_argument("--iterations", type=int, default=10, help="iterations per attack (per-attack part)")
+    parser.add_argument("--iterations", type=int, default=10,
+                        help="iterations per attack (per-attack part; 0 = skip that part)")
+    parser.add_argument("--images", type=int, default=0,
+                        help="images timed end to end in the battery part (default: one batch)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per side (median)")
     parser.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma list of {', '.join(ATTACKS)}")
     parser.add_argument("--battery-fraction", type=float, default=0.02,
@@ -333,13 +345,15 @@ def main(argv: list[str] | None = None) -> dict:
         print("$JAXSEG_RSE_REPO is not set: PAdam / SEA references n/a", flush=True)
     refs = {"padam": padam_ref, "apgd": apgd_ref,
             "advlib": load_advlib() if any(n.startswith(("dag", "pdpgd", "alma")) for n in names) else None}
-    images = np.random.default_rng(0).random((3 * args.batch, height, width, 3)).astype(np.float32)
+    count = max(3 * args.batch, args.batch + -(-max(args.images, 1) // args.batch) * args.batch)
+    images = np.random.default_rng(0).random((count, height, width, 3)).astype(np.float32)
     predict = jax.jit(lambda p, x: jnp.argmax(ours_model.apply(p, x), -1).astype(jnp.int32))
     labels = np.concatenate([np.asarray(predict(params, jnp.asarray(images[i:i + 1]))) for i in range(len(images))])
     x, y = jnp.asarray(images[:args.batch]), jnp.asarray(labels[:args.batch])
     keys = instance_keys(jax.random.key(0), jnp.arange(args.batch))
     print(f"per attack: {args.iterations} iterations, batch {args.batch} x {height}x{width}", flush=True)
-    rows = per_attack_rows(names, ours_model, params, torch_model, refs, x, y, keys, args, epsilon)
+    rows = per_attack_rows(names, ours_model, params, torch_model, refs, x, y, keys, args, epsilon) \
+        if args.iterations > 0 else []
     battery = None
     if args.battery_fraction > 0:
         battery = battery_row(names, ours_model, params, torch_model, refs, images, labels, args, epsilon)
