@@ -132,7 +132,11 @@ def load_rse(root: pathlib.Path):
     package.__path__ = [str(root / "rse")]
     sys.modules["rse"] = package
     stand_ins = ()
-    if importlib.util.find_spec("adv_lib") is None:
+    if importlib.util.find_spec("adv_lib") is not None:
+        from attack_reference import import_with_stand_ins
+
+        import_with_stand_ins("adv_lib.attacks.segmentation")  # visdom / torchvision stand-ins where missing
+    else:
         stand_ins = ("adv_lib", "adv_lib.attacks", "adv_lib.attacks.segmentation")
         for name in stand_ins:
             sys.modules[name] = types.ModuleType(name)
