@@ -78,7 +78,8 @@ import platform
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -323,21 +324,6 @@ def run_torch(family: Family, instances, inputs, args) -> dict:
 
 # ---- ours (jax) ---------------------------------------------------------------------------
 
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _first_call(fn) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
-
-
 def attack_function(seg, params, mode: str, args):
     """jit of the CLI's per-instance BREPS function vmapped over a batch: ``(features, transforms, gt, widths)
     -> outputs``, and its protocol."""
@@ -366,7 +352,9 @@ def run_jax(family: Family, instances, inputs, args) -> dict:
 
     seg, params = family.seg, family.params
     embed = jax.jit(seg.embed)
-    _, embed_compile = _first_call(lambda: jax.block_until_ready(embed(params, inputs[0][0])))
+    start = time.perf_counter()
+    jax.block_until_ready(embed(params, inputs[0][0]))
+    embed_compile = time.perf_counter() - start
     encoder, features = [], []
     for model_input, _ in inputs:
         start = time.perf_counter()
@@ -376,14 +364,16 @@ def run_jax(family: Family, instances, inputs, args) -> dict:
     arguments = (params, stack_trees(features), stack_trees([t for _, t in inputs]),
                  jax.numpy.asarray(np.stack([gt for _, gt in instances])),
                  jax.numpy.asarray(boundary_widths([gt.shape for _, gt in instances], protocol.dilation_ratio)))
-    outputs, attack_compile = _first_call(lambda: jax.device_get(attack(*arguments)))
-    out = {"encoder": statistics.median(encoder), "embed_compile": embed_compile, "outputs": outputs,
-           "attack_compile": attack_compile,
-           "attack": _median_time(lambda: jax.block_until_ready(attack(*arguments)), args.repeats)}
+    out = {"encoder": statistics.median(encoder), "embed_compile": embed_compile}
+
+    def call_attack():
+        out["outputs"] = jax.device_get(attack(*arguments))
+
+    out["attack_compile"], out["attack"], _ = bench_sam2.timed(call_attack, args.repeats)
     if args.minmax:
         both, _ = attack_function(seg, params, "minmax", args)
-        _, out["minmax_compile"] = _first_call(lambda: jax.block_until_ready(both(*arguments)))
-        out["minmax"] = _median_time(lambda: jax.block_until_ready(both(*arguments)), args.repeats)
+        out["minmax_compile"], out["minmax"], _ = bench_sam2.timed(
+            lambda: jax.block_until_ready(both(*arguments)), args.repeats)
     if args.program:
         out.update(run_program(seg, params, instances, args))
     return out
@@ -399,8 +389,8 @@ def run_program(seg, params, instances, args) -> dict:
                         valid=np.ones((n, height, width), bool), size=np.tile(np.int32([height, width]), (n, 1)),
                         instance_valid=np.ones(n, bool), seed=np.zeros(n, np.uint32))
     program = make_breps_batch_fn(seg, params, mode="min", n_steps=args.steps, lr_mult=args.lr_mult)
-    _, first = _first_call(lambda: program(batch))
-    return {"program_first": first, "program": _median_time(lambda: program(batch), args.repeats)}
+    first, median, _ = bench_sam2.timed(lambda: program(batch), args.repeats)
+    return {"program_first": first, "program": median}
 
 
 # ---- the benchmark ---------------------------------------------------------------------------
@@ -418,8 +408,8 @@ def report(family: Family, ref: dict, ours: dict, args) -> list[str]:
     def row(stage, t_torch, t_jax, note=""):
         return f"{stage:<40} {t_torch:>9.3f} {t_jax:>9.3f} {t_torch / t_jax:>9.2f}{note}"
 
-    lines = [f"{family.label}: {n} instances of {height}x{width} (torch: the first {k}), {args.steps} steps "
-             f"(mode MIN), lr_mult {args.lr_mult}, random weights (seed {args.seed})",
+    lines = [(f"{family.label}: {n} instances of {height}x{width} (torch: the first {k}), {args.steps} steps "
+              f"(mode MIN), lr_mult {args.lr_mult}, random weights (seed {args.seed})"),
              f"{'stage (s per instance)':<40} {'torch s':>9} {'jax s':>9} {'torch/jax':>9}",
              row("encoder, per image (median)", torch_enc, jax_enc),
              row("attack loop, per instance", torch_att, jax_att,
@@ -429,15 +419,15 @@ def report(family: Family, ref: dict, ours: dict, args) -> list[str]:
         lines.append(row("attack loop, MIN+MAX shared, per attack", torch_att, ours["minmax"] / (2 * n),
                          f"   (compile {ours['minmax_compile']:.1f} s)"))
     if "program" in ours:
-        lines.append(row("CLI batch program (embed+attack), per inst.", torch_enc + torch_att, ours["program"] / n,
+        lines.append(row("CLI program (embed + attack), per inst.", torch_enc + torch_att, ours["program"] / n,
                          f"   (first call incl. compile {ours['program_first']:.1f} s)"))
-    lines += [f"ms per attack: torch {1e3 * torch_att:.1f}, jax {1e3 * jax_att:.1f} (batch {n}); "
-              f"instances/s (attack loop): torch {1 / torch_att:.3f}, jax {1 / jax_att:.3f}",
-              f"jax compile (incl. first run, not in the numbers above): embed {ours['embed_compile']:.1f} s, "
-              f"attack {ours['attack_compile']:.1f} s",
-              f"cross-check over {k} instances: max |tight-box selection IoU diff| {tight_diff:.2g}; final MIN IoU "
-              f"|diff| mean {statistics.mean(final_diff):.3g} max {max(final_diff):.3g} (a large value can be "
-              f"legitimate: tiny float differences can send the two optimisations down different paths)"]
+    lines += [(f"ms per attack: torch {1e3 * torch_att:.1f}, jax {1e3 * jax_att:.1f} (batch {n}); "
+               f"instances/s (attack loop): torch {1 / torch_att:.3f}, jax {1 / jax_att:.3f}"),
+              (f"jax compile (incl. first run, not in the numbers above): embed {ours['embed_compile']:.1f} s, "
+               f"attack {ours['attack_compile']:.1f} s"),
+              (f"cross-check over {k} instances: max |tight-box selection IoU diff| {tight_diff:.2g}; final MIN IoU "
+               f"|diff| mean {statistics.mean(final_diff):.3g} max {max(final_diff):.3g} (a large value can be "
+               f"legitimate: tiny float differences can send the two optimisations down different paths)")]
     return lines
 
 
