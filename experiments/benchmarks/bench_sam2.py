@@ -61,26 +61,31 @@ TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_"
 YAML = {"hiera_tiny": "t", "hiera_small": "s", "hiera_base_plus": "b+", "hiera_large": "l"}
 
 
-def load_official(repo: str):
-    """(build_sam2, SAM2ImagePredictor) from a checkout of facebookresearch/sam2.
-
-    A torchvision whose compiled operators cannot load (a CUDA wheel beside a
-    CPU torch) is imported as its pure-Python package, all SAM2Transforms uses.
-    """
-    if not repo or not os.path.isfile(os.path.join(repo, "sam2", "build_sam.py")):
-        raise SystemExit(f"set JAXSEG_SAM2_REPO (or --repo) to a checkout of "
-                         f"facebookresearch/sam2; got {repo!r}")
-    sys.path.insert(0, repo)
+def import_torchvision() -> None:
+    """Imports torchvision; one whose compiled operators cannot load (a CUDA wheel beside a CPU
+    torch) is imported as its pure-Python package (SAM2Transforms and ``torchvision.ops``' box
+    losses need nothing else)."""
     try:
         import torchvision  # noqa: F401, PLC0415
     except (ImportError, RuntimeError):
         for name in [m for m in sys.modules if m.startswith("torchvision")]:
             del sys.modules[name]
         spec = importlib.util.find_spec("torchvision")
+        if spec is None:
+            raise SystemExit("torchvision is not importable: install it or put its package on PYTHONPATH")
         package = types.ModuleType("torchvision")
         package.__path__ = list(spec.submodule_search_locations)
         sys.modules["torchvision"] = package
         importlib.import_module("torchvision.transforms")
+
+
+def load_official(repo: str):
+    """(build_sam2, SAM2ImagePredictor) from a checkout of facebookresearch/sam2 (`import_torchvision`)."""
+    if not repo or not os.path.isfile(os.path.join(repo, "sam2", "build_sam.py")):
+        raise SystemExit(f"set JAXSEG_SAM2_REPO (or --repo) to a checkout of "
+                         f"facebookresearch/sam2; got {repo!r}")
+    sys.path.insert(0, repo)
+    import_torchvision()
     from sam2.build_sam import build_sam2  # noqa: PLC0415
     from sam2.sam2_image_predictor import SAM2ImagePredictor  # noqa: PLC0415
 
@@ -105,6 +110,21 @@ def randomize_(model, seed: int = 0) -> None:
                 t.copy_(1.0 + 0.1 * noise)
             else:
                 t.copy_(0.1 * noise)
+
+
+def official_features(model, predictor, model_input) -> dict:
+    """``SAM2ImagePredictor.set_image`` after its transforms, on a given model input f32[1, 3, S, S].
+
+    Returns the predictor's ``_features`` dict (``image_embed`` [1, C, E, E] with ``no_mem_embed``,
+    ``high_res_feats``: the conv_s0 / conv_s1 levels), as the official code computes it.
+    """
+    backbone_out = model.forward_image(model_input)
+    _, vision_feats, _, _ = model._prepare_backbone_features(backbone_out)
+    if model.directly_add_no_mem_embed:
+        vision_feats[-1] = vision_feats[-1] + model.no_mem_embed
+    feats = [feat.permute(1, 2, 0).view(1, -1, *feat_size)
+             for feat, feat_size in zip(vision_feats[::-1], predictor._bb_feat_sizes[::-1])][::-1]
+    return {"image_embed": feats[-1], "high_res_feats": feats[:-1]}
 
 
 def timed(fn, repeats: int) -> tuple[float, float, float]:
@@ -228,7 +248,7 @@ def setup_model(name: str, args) -> dict:
     device = torch.device(args.torch_device)
     official = build_sam2(f"configs/{tag}/{tag}_hiera_{YAML[config.variant]}.yaml", None,
                           device="cpu")
-    randomize_(official)
+    randomize_(official, getattr(args, "seed", 0))
     official.eval()
     state = {k: v.detach().numpy() for k, v in official.state_dict().items()}
     seg = zoo.segmenter(name, compute_dtype=args.dtype)
