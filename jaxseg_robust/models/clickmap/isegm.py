@@ -108,6 +108,27 @@ def authors_options(family: str, dataset: str | None = None) -> IsegmOptions:
                      f"'cfr_icl'")
 
 
+def rclicks_options(family: str, dataset: str | None = None) -> IsegmOptions:
+    """The predictor the RClicks authors evaluate each family with (docs/protocols/rclicks.md §5.4).
+
+    Their scripts build isegm's predictor with flip averaging and a zoom-in for
+    every family; SimpleClick as `authors_options` (448 x 448, 672 x 672 on
+    DAVIS); CFR-ICL with ``--cf-n=1`` and no ``--acf``: two cascade passes at
+    the first click, not adaptive; RITM in its ``cvpr`` mode, whose
+    aspect-preserving crops (and native-size first click) have data-dependent
+    shapes: the fixed-size ``fixed<N>`` zoom (400 x 400, 600 x 600 on DAVIS)
+    stands in for it, as in `authors_options`.
+
+    Args:
+      family: "ritm", "simpleclick" or "cfr_icl".
+      dataset: a dataset name; "DAVIS" selects the larger zoom size.
+    """
+    options = authors_options(family, dataset)
+    if family == "cfr_icl":
+        return dataclasses.replace(options, cascade=CascadeConfig(steps=2, adaptive=False, clicks=1))
+    return options
+
+
 @flax.struct.dataclass
 class IsegmState:
     """The predictor's memory between clicks (one instance; add axes to batch).
