@@ -289,3 +289,24 @@ def predict_click(segmenter, params, image: jnp.ndarray, original_hw: jnp.ndarra
     _, prob, state_out, _ = jax.lax.while_loop(
         cond, body, (jnp.int32(0), prob, state1, jnp.asarray(False)))
     return prob, state_out
+
+
+def interactive_predict(segmenter, params, image: jnp.ndarray, original_hw: jnp.ndarray,
+                        points: jnp.ndarray, labels: jnp.ndarray, state: IsegmState, use_state,
+                        num_clicks, options: IsegmOptions):
+    """One round of an interactive protocol through the authors' predictor (the Segmenter
+    contract's ``interactive_predict`` of click-map models; `models.base.interactive_step`).
+
+    ``use_state`` false (a protocol's feedback rule) starts from a fresh
+    predictor, `IsegmState.initial` (isegm's ``set_input_image``); otherwise
+    `predict_click` continues from ``state``. Any segmenter with
+    ``grid_logits`` / ``click_features`` / ``network_logits`` can use it.
+
+    Returns:
+      (prob f32[Hf, Wf], the next `IsegmState`).
+    """
+    fresh = IsegmState.initial(state.prev_prob.shape)
+    use_state = jnp.asarray(use_state, bool)
+    state = jax.tree.map(lambda kept, new: jnp.where(use_state, kept, new), state, fresh)
+    return predict_click(segmenter, params, image, original_hw, points, labels, num_clicks, state,
+                         options)

@@ -54,7 +54,7 @@ import numpy as np
 
 from jaxseg_robust.models.base import Prediction, Transform
 from jaxseg_robust.models.clickmap.encoding import ENCODINGS, coord_features
-from jaxseg_robust.models.clickmap.isegm import IsegmOptions, IsegmState, predict_click
+from jaxseg_robust.models.clickmap.isegm import IsegmOptions, IsegmState, interactive_predict
 from jaxseg_robust.models.clickmap.layers import random_params
 from jaxseg_robust.models.ritm.config import RitmConfig
 from jaxseg_robust.models.simpleclick.config import SimpleClickConfig
@@ -177,11 +177,8 @@ class ClickMapSegmenter:
             prompts = click_prompts(points, labels, state, use_state)
             prediction = self.decode(params, features, prompts, transform, multimask_output=multimask_output)
             return jax.nn.sigmoid(prediction.logits), self.feedback(prediction)
-        fresh = IsegmState.initial(state.prev_prob.shape)
-        use_state = jnp.asarray(use_state, bool)
-        state = jax.tree.map(lambda kept, new: jnp.where(use_state, kept, new), state, fresh)
-        return predict_click(self, params, features.image, transform.original_hw, points, labels,
-                             num_clicks, state, self.evaluation)
+        return interactive_predict(self, params, features.image, transform.original_hw, points, labels,
+                                   state, use_state, num_clicks, self.evaluation)
 
     def click_step_hw(self, transform: Transform) -> jnp.ndarray:
         """i32[2] the network input's (h, w): the authors' TETRIS step for click-map models
