@@ -151,3 +151,39 @@ def test_clickmap_segmenter_evaluation_switches_state_and_frame_policy():
     cfr = isegm.rclicks_options("cfr_icl")
     assert cfr.zoom_in.target_hw == (448, 448) and cfr.with_flip
     assert cfr.cascade == CascadeConfig(steps=2, adaptive=False, clicks=1)  # --cf-n=1, no --acf
+
+
+def test_rclicks_command_gives_click_map_models_the_authors_predictor(tmp_path):
+    """``jaxseg-robust rclicks`` (`commands.rclicks.with_authors_predictor`): the RClicks options by family and
+    dataset, CFR-ICL recognised by name, ``--isegm off``, DAVIS mixed with others refused, SAM untouched."""
+    import argparse  # noqa: PLC0415
+
+    import pytest  # noqa: PLC0415
+
+    from jaxseg_robust.commands.flags import CommandError  # noqa: PLC0415
+    from jaxseg_robust.commands.loading import LoadedModel  # noqa: PLC0415
+    from jaxseg_robust.commands.rclicks import with_authors_predictor  # noqa: PLC0415
+    from jaxseg_robust.models.simpleclick.config import TINY as SC_TINY  # noqa: PLC0415
+
+    def loaded(segmenter, name):
+        return LoadedModel(name, segmenter, None, "sha256:0", "random:0")
+
+    def instances(*datasets):
+        return [argparse.Namespace(dataset=name) for name in datasets]
+
+    args = argparse.Namespace(isegm="authors", model="ritm_tiny")
+    model, settings = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"))
+    assert model.segmenter.evaluation == isegm.rclicks_options("ritm") and settings["family"] == "ritm"
+    model, _ = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS"))
+    assert model.segmenter.evaluation.zoom_in.target_hw == (600, 600)
+    args_cfr = argparse.Namespace(isegm="authors", model="cfr_icl_vit_h")
+    model, settings = with_authors_predictor(args_cfr, loaded(ClickMapSegmenter(SC_TINY), "cfr_icl_vit_h"),
+                                             instances("GrabCut"))
+    assert settings["family"] == "cfr_icl" and model.segmenter.evaluation.cascade.steps == 2
+    with pytest.raises(CommandError, match="DAVIS"):
+        with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS", "GrabCut"))
+    off = argparse.Namespace(isegm="off", model="ritm_tiny")
+    model, settings = with_authors_predictor(off, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"))
+    assert model.segmenter.evaluation is None and settings is None
+    sam_like = loaded(SmallClickModel(), "sam_tiny")  # a segmenter without `evaluation` is left as it is
+    assert with_authors_predictor(args, sam_like, instances("DAVIS", "GrabCut")) == (sam_like, None)
