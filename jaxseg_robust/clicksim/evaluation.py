@@ -43,7 +43,12 @@ feedback whenever its padded point tensor has exactly two slots, i.e. at round
 "reference"``, default, for families whose wrapper resets it,
 `models.base.resets_feedback`: the SAM family; click-map models feed their
 previous prediction from round 2 on; ``"always"`` feeds back from round 2 on,
-``"never"`` never). Clicks ``(row, col)`` become points ``(x, y) = (col, row)`` in image
+``"never"`` never). Each round goes through the Segmenter contract's
+`models.base.interactive_step` from `models.base.initial_state` (fresh per
+trajectory and per single first-round click): the SAM family's state is that
+feedback map; click-map models with ``evaluation`` set run the authors' isegm
+predictor (zoom-in, flip, CFR-ICL's cascade; docs/protocols/rclicks.md §5.5)
+and carry its state. Clicks ``(row, col)`` become points ``(x, y) = (col, row)`` in image
 pixels (the model adds its own offset and resize scale); unused slots are
 padding (label -1, masked inside the model).
 
