@@ -341,3 +341,52 @@ def torch_zoom_side(cases: list, target: tuple[int, int]) -> list:
                          pasted[0, 0].numpy().copy()))
         out.append(rows)
     return out
+
+
+def torch_rclicks_side(kind: str, variant: str, seed: int, image, gt, target: int, trajectories: list,
+                       ckpt: str | None, click_gain: float = 10.0) -> dict:
+    """Spawned: the RClicks authors' predictor loop fed given clicks (docs/protocols/rclicks.md §5.5).
+
+    The model is built as in `torch_noc_side` (seeded, clicks sharpened; RITM's click-map 1x1 conv
+    additionally x ``click_gain``; saved to ``ckpt`` when given). Per trajectory (a list of (row, col, positive) clicks), as their ``evaluate_sample``:
+    ``set_input_image`` (fresh predictor state), then per round the click is added to the clicker
+    and ``get_prediction(clicker)`` (zoom-in ``skip_clicks=-1`` to target x target, flip, the
+    previous prediction fed back) gives the probabilities; IoU of ``> 0.49`` with ``get_iou``.
+
+    Returns:
+      {"ious": [f64[R_t] per trajectory]}.
+    """
+    import torch  # noqa: PLC0415
+
+    ir.import_reference(kind)
+    from isegm.inference import utils  # noqa: PLC0415
+    from isegm.inference.clicker import Click, Clicker  # noqa: PLC0415
+    from isegm.inference.predictors import get_predictor  # noqa: PLC0415
+
+    model = ir.build_ritm(variant) if kind == "ritm" else ir.build_simpleclick(variant)
+    ir.randomize_(model, seed)
+    model.eval()
+    if kind != "ritm":
+        from isegm.model.modeling.pos_embed import interpolate_pos_embed_inference  # noqa: PLC0415
+        interpolate_pos_embed_inference(model.backbone, (target, target), "cpu")
+    ir.sharpen_clicks_(model, kind, image, target)
+    if kind == "ritm":  # `sharpen_clicks_` alone left HRNet-18s's prediction off the object (IoU 0 every round)
+        with torch.no_grad():
+            model.maps_transform[0].weight.mul_(click_gain)
+        ir.sharpen_clicks_(model, kind, image, target)  # re-centres the output bias
+    if ckpt is not None:
+        ir.save_isegm_checkpoint(model, ckpt)
+    predictor = get_predictor(model, "NoBRS", "cpu", prob_thresh=0.49,
+                              zoom_in_params={"skip_clicks": -1, "target_size": (target, target)})
+    out = []
+    for clicks in trajectories:
+        clicker = Clicker(gt_mask=gt.astype(np.int32))
+        predictor.set_input_image(image)
+        ious = []
+        with torch.no_grad():
+            for row, col, positive in clicks:
+                clicker.add_click(Click(is_positive=bool(positive), coords=(int(row), int(col))))
+                probs = predictor.get_prediction(clicker)
+                ious.append(utils.get_iou(gt, probs > 0.49))
+        out.append(np.asarray(ious, np.float64))
+    return {"ious": out}

@@ -43,7 +43,12 @@ feedback whenever its padded point tensor has exactly two slots, i.e. at round
 "reference"``, default, for families whose wrapper resets it,
 `models.base.resets_feedback`: the SAM family; click-map models feed their
 previous prediction from round 2 on; ``"always"`` feeds back from round 2 on,
-``"never"`` never). Clicks ``(row, col)`` become points ``(x, y) = (col, row)`` in image
+``"never"`` never). Each round goes through the Segmenter contract's
+`models.base.interactive_step` from `models.base.initial_state` (fresh per
+trajectory and per single first-round click): the SAM family's state is that
+feedback map; click-map models with ``evaluation`` set run the authors' isegm
+predictor (zoom-in, flip, CFR-ICL's cascade; docs/protocols/rclicks.md §5.5)
+and carry its state. Clicks ``(row, col)`` become points ``(x, y) = (col, row)`` in image
 pixels (the model adds its own offset and resize scale); unused slots are
 padding (label -1, masked inside the model).
 
@@ -80,10 +85,17 @@ from jaxseg_robust.clicksim.error_region import choose_error_region
 from jaxseg_robust.clicksim.groups import first_argmax_xy, group_bounds, masked_clickability, sample_group_click
 from jaxseg_robust.data.buckets import instance_seed
 from jaxseg_robust.metrics.masks import mask_iou
-from jaxseg_robust.models.base import Transform, evaluation_multimask, image_region, resets_feedback
+from jaxseg_robust.models.base import (
+    Transform,
+    evaluation_multimask,
+    image_region,
+    initial_state,
+    interactive_step,
+    resets_feedback,
+)
 from jaxseg_robust.ops.sampling import sample_pixels
 from jaxseg_robust.prompts.clicker import mark_clicked
-from jaxseg_robust.prompts.types import NEGATIVE_LABEL, PADDING_LABEL, POSITIVE_LABEL, click_prompts
+from jaxseg_robust.prompts.types import NEGATIVE_LABEL, PADDING_LABEL, POSITIVE_LABEL
 from jaxseg_robust.runner.program import BatchProgram, InstanceInputs
 
 __all__ = [
@@ -174,14 +186,16 @@ class RoundState:
       pred: bool[Hf, Wf] the previous round's prediction (empty before round 1).
       not_clicked: bool[Hf, Wf] pixels not clicked yet.
       points: f32[R, 2] clicks so far (x, y); labels: i32[R] (-1 = not yet).
-      feedback: the model's feedback map of the previous prediction (``Segmenter.feedback``).
+      feedback: the model's interactive state after the previous prediction
+        (`models.base.initial_state` / `interactive_step`; SAM: the feedback map of
+        ``Segmenter.feedback``; click-map models with the authors' machinery: `IsegmState`).
     """
 
     pred: jax.Array
     not_clicked: jax.Array
     points: jax.Array
     labels: jax.Array
-    feedback: jax.Array
+    feedback: Any
 
 
 class Trajectory(NamedTuple):
@@ -256,11 +270,13 @@ def _object_and_valid(gt: jax.Array, transform: Transform) -> tuple[jax.Array, j
     return (gt == 1) & inside, (gt != -1) & inside, inside
 
 
-def _predict(segmenter, params, features, transform, prompts, threshold, multimask_output, inside):
-    """(``sigmoid(logits) > threshold`` within the image, the model's feedback map of the prediction)."""
-    prediction = segmenter.decode(params, features, prompts, transform, multimask_output=multimask_output)
-    pred = (jax.nn.sigmoid(prediction.logits) > threshold) & inside
-    return pred, segmenter.feedback(prediction)
+def _predict(segmenter, params, features, transform, points, labels, state, use_state, num_clicks, threshold,
+             multimask_output, inside):
+    """(``probability > threshold`` within the image, the model's next interactive state), one round
+    through the Segmenter contract (`models.base.interactive_step`)."""
+    prob, state = interactive_step(segmenter, params, features, transform, points, labels, state, use_state,
+                                   num_clicks, multimask_output=multimask_output)
+    return (prob > threshold) & inside, state
 
 
 def simulate_trajectory(segmenter, params, features, transform: Transform, gt, click_model, click_params,
@@ -288,10 +304,9 @@ def simulate_trajectory(segmenter, params, features, transform: Transform, gt, c
     obj, valid, inside = _object_and_valid(gt, transform)
     rule, multimask = family_settings(config, segmenter)
     rounds = config.num_rounds
-    feedback = jnp.zeros(segmenter.feedback_shape(tuple(obj.shape)), jnp.float32)
     state = RoundState(pred=jnp.zeros_like(obj), not_clicked=jnp.ones_like(obj),
                        points=jnp.zeros((rounds, 2), jnp.float32), labels=jnp.full((rounds,), PADDING_LABEL, jnp.int32),
-                       feedback=feedback)
+                       feedback=initial_state(segmenter, tuple(obj.shape)))
     is_base = jnp.asarray(is_base, bool)
 
     def one_round(carry: RoundState, round_index):
@@ -307,10 +322,9 @@ def simulate_trajectory(segmenter, params, features, transform: Transform, gt, c
         points = points.at[round_index].set(xy.astype(jnp.float32))
         labels = labels.at[round_index].set(label)
         not_clicked = mark_clicked(not_clicked, xy[1], xy[0])
-        prompts = click_prompts(points, labels, previous,
-                                feedback_enabled(rule, round_index, error.is_positive))
-        pred, previous = _predict(segmenter, params, features, transform, prompts, config.threshold,
-                                  multimask, inside)
+        pred, previous = _predict(segmenter, params, features, transform, points, labels, previous,
+                                  feedback_enabled(rule, round_index, error.is_positive), round_index + 1,
+                                  config.threshold, multimask, inside)
         iou = mask_iou(obj, pred, valid)
         clicks = jnp.concatenate([xy, error.is_positive.astype(jnp.int32)[None]]).astype(jnp.int32)
         new = RoundState(pred=pred, not_clicked=not_clicked, points=points, labels=labels, feedback=previous)
@@ -368,13 +382,12 @@ def evaluate_single_clicks(segmenter, params, features, transform: Transform, gt
       f32[U] IoU per click (no previous mask; the prediction thresholded at ``config.threshold``).
     """
     obj, valid, inside = _object_and_valid(gt, transform)
-    feedback = jnp.zeros(segmenter.feedback_shape(tuple(obj.shape)), jnp.float32)
+    fresh = initial_state(segmenter, tuple(obj.shape))
 
     def one(point):
-        prompts = click_prompts(point.astype(jnp.float32)[None], jnp.full((1,), POSITIVE_LABEL, jnp.int32),
-                                feedback, jnp.zeros((), bool))
-        pred, _ = _predict(segmenter, params, features, transform, prompts, config.threshold,
-                           family_settings(config, segmenter)[1], inside)
+        pred, _ = _predict(segmenter, params, features, transform, point.astype(jnp.float32)[None],
+                           jnp.full((1,), POSITIVE_LABEL, jnp.int32), fresh, jnp.zeros((), bool), 1,
+                           config.threshold, family_settings(config, segmenter)[1], inside)
         return mask_iou(obj, pred, valid)
 
     return jax.vmap(one)(jnp.asarray(points_xy))

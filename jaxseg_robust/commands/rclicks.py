@@ -80,6 +80,10 @@ def register(subparsers) -> None:
                     help="previous low-res mask input: 'reference' (reset at round 2 after a negative click, "
                          "as the RClicks SAM wrapper), 'always' or 'never' (default %(default)s)")
     group.add_argument("--seed", type=int, default=42, help="run seed (default %(default)s)")
+    flags.add_flag(group, "--isegm", choices=("authors", "off"), default="authors",
+                    help="click-map models (RITM, SimpleClick, CFR-ICL): 'authors' runs the RClicks authors' "
+                         "predictor (zoom-in, flip, CFR-ICL's cascade; docs/protocols/rclicks.md §5.5), 'off' "
+                         "the network once on the whole image per round (default %(default)s)")
     flags.add_flag(group, "--plot-groups", type=flags.non_negative_int, default=1, metavar="N",
                     help="clicking-groups figures for the first N instances of each dataset (default %(default)s)")
     parser.set_defaults(func=run, tetris_max_side_default=2048)
@@ -111,6 +115,46 @@ def _user_clicks(args, instances):
         raise CommandError(f"--clicks-csv {args.clicks_csv}: no first-round clicks match the instances "
                                   "(dataset names GrabCut/Berkeley/DAVIS/COCO/TETRIS, image stems, object codes)")
     return clicks
+
+
+def _isegm_family(args, model) -> str:
+    """"cfr_icl" when ``--model`` or the converted checkpoint's file name says ICL, else the config's family."""
+    import json  # noqa: PLC0415
+
+    names = [str(args.model)]
+    config_file = pathlib.Path(model.source) / "config.json"
+    if config_file.is_file():
+        source = json.loads(config_file.read_text()).get("source") or {}
+        names.append(str(source.get("path", "")))
+    if any("icl" in pathlib.Path(name).name.lower() for name in names):
+        return "cfr_icl"
+    return model.segmenter.config.family
+
+
+def with_authors_predictor(args, model, instances):
+    """``model`` with the RClicks authors' predictor for a click-map model (§5.5), and its settings.
+
+    Returns:
+      (the `LoadedModel`, JSON-able options or None when the model is not a click-map
+      model or ``--isegm off``).
+
+    Raises:
+      CommandError: the datasets need different zoom sizes (DAVIS with others).
+    """
+    segmenter = model.segmenter
+    if args.isegm == "off" or not hasattr(segmenter, "evaluation"):
+        return model, None
+    from jaxseg_robust.models.clickmap.isegm import rclicks_options  # noqa: PLC0415
+
+    davis = {instance.dataset.upper() == "DAVIS" for instance in instances}
+    if len(davis) > 1:
+        raise CommandError("the RClicks authors zoom DAVIS to a larger size than the other datasets (RITM 600 vs "
+                           "400, SimpleClick / CFR-ICL 672 vs 448) and one run has one size: evaluate DAVIS in its "
+                           "own --out (or pass --isegm off)")
+    family = _isegm_family(args, model)
+    options = rclicks_options(family, "DAVIS" if True in davis else None)
+    model = dataclasses.replace(model, segmenter=dataclasses.replace(segmenter, evaluation=options))
+    return model, {"family": family, **dataclasses.asdict(options)}
 
 
 @functools.lru_cache(maxsize=8)
@@ -202,7 +246,7 @@ def _run(args) -> int:
     instances = loading.load_instances(args)  # data and clicks first: their errors come before any model load
     user_clicks = _user_clicks(args, instances)
     mesh = data_mesh()
-    model = loading.load_model_of(args, mesh=mesh)
+    model, isegm = with_authors_predictor(args, loading.load_model_of(args, mesh=mesh), instances)
     loaded = _load_click_model(args)
     try:
         slots = user_slot_count(len(c) for c in user_clicks.values()) if user_clicks else 0
@@ -219,6 +263,8 @@ def _run(args) -> int:
                   "clickability": str(args.clickability), "clickability_source": loaded.source,
                   "clicks_csv": None if args.clicks_csv is None else str(pathlib.Path(args.clicks_csv).resolve()),
                   "settings": dataclasses.asdict(batch_fn.config)}
+    if isegm is not None:
+        run_config["isegm"] = isegm
     summary = running.run_protocol(args, instances=instances, batch_fn=batch_fn, config=run_config, model=model,
                                   finalize=finalize_record, mesh=mesh)
     records = [r for r in read_run_records(args.out) if r["dataset"] in {i.dataset for i in instances}]

@@ -30,9 +30,10 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import flax.struct
+import jax
 import jax.numpy as jnp
 
-from jaxseg_robust.prompts.types import Prompts
+from jaxseg_robust.prompts.types import Prompts, click_prompts
 
 Params = Any
 Features = Any
@@ -151,6 +152,45 @@ def differentiable(segmenter):
     models: soft disks), else the segmenter itself (prompt coordinates enter the network directly)."""
     method = getattr(segmenter, "differentiable_clicks", None)
     return segmenter if method is None else method()
+
+
+def initial_state(segmenter, frame_hw: tuple[int, int]):
+    """The family's interactive state before the first click of an instance (a pytree of arrays).
+
+    A segmenter with ``interactive_state(frame_hw)`` owns its state (click-map
+    models with the authors' evaluation machinery: previous probability map and
+    zoom-in ROI); the fallback is the feedback map of zeros,
+    f32[``feedback_shape(frame_hw)``] (the SAM family's low-res logits).
+    """
+    method = getattr(segmenter, "interactive_state", None)
+    if method is None:
+        return jnp.zeros(segmenter.feedback_shape(tuple(frame_hw)), jnp.float32)
+    return method(tuple(frame_hw))
+
+
+def interactive_step(segmenter, params, features, transform: Transform, points, labels, state, use_state,
+                     num_clicks, *, multimask_output: bool):
+    """One round of an interactive protocol: (probability map f32[Hf, Wf], the state for the next round).
+
+    Args:
+      points: f32[N, 2] every click so far, (x, y) original pixels; labels: i32[N] (-1 = padding).
+      state: the previous round's state (`initial_state` before the first click).
+      use_state: bool[] whether the model reads its state this round (the protocol's feedback
+        rule); where false the model starts from `initial_state`.
+      num_clicks: i32[] (or int) the click count so far (CFR-ICL refines the first click).
+      multimask_output: the family's decoding mode.
+
+    The fallback (the SAM family, and any segmenter without ``interactive_predict``):
+    ``decode`` with ``Prompts.mask_logits = state`` (read where ``use_state``),
+    ``sigmoid(prediction.logits)`` and ``feedback(prediction)`` as the next state.
+    """
+    method = getattr(segmenter, "interactive_predict", None)
+    if method is None:
+        prompts = click_prompts(points, labels, state, use_state)
+        prediction = segmenter.decode(params, features, prompts, transform, multimask_output=multimask_output)
+        return jax.nn.sigmoid(prediction.logits), segmenter.feedback(prediction)
+    return method(params, features, transform, points, labels, state, use_state, num_clicks,
+                  multimask_output=multimask_output)
 
 
 def takes_boxes(segmenter) -> bool:

@@ -108,6 +108,27 @@ def authors_options(family: str, dataset: str | None = None) -> IsegmOptions:
                      f"'cfr_icl'")
 
 
+def rclicks_options(family: str, dataset: str | None = None) -> IsegmOptions:
+    """The predictor the RClicks authors evaluate each family with (docs/protocols/rclicks.md §5.4).
+
+    Their scripts build isegm's predictor with flip averaging and a zoom-in for
+    every family; SimpleClick as `authors_options` (448 x 448, 672 x 672 on
+    DAVIS); CFR-ICL with ``--cf-n=1`` and no ``--acf``: two cascade passes at
+    the first click, not adaptive; RITM in its ``cvpr`` mode, whose
+    aspect-preserving crops (and native-size first click) have data-dependent
+    shapes: the fixed-size ``fixed<N>`` zoom (400 x 400, 600 x 600 on DAVIS)
+    stands in for it, as in `authors_options`.
+
+    Args:
+      family: "ritm", "simpleclick" or "cfr_icl".
+      dataset: a dataset name; "DAVIS" selects the larger zoom size.
+    """
+    options = authors_options(family, dataset)
+    if family == "cfr_icl":
+        return dataclasses.replace(options, cascade=CascadeConfig(steps=2, adaptive=False, clicks=1))
+    return options
+
+
 @flax.struct.dataclass
 class IsegmState:
     """The predictor's memory between clicks (one instance; add axes to batch).
@@ -268,3 +289,24 @@ def predict_click(segmenter, params, image: jnp.ndarray, original_hw: jnp.ndarra
     _, prob, state_out, _ = jax.lax.while_loop(
         cond, body, (jnp.int32(0), prob, state1, jnp.asarray(False)))
     return prob, state_out
+
+
+def interactive_predict(segmenter, params, image: jnp.ndarray, original_hw: jnp.ndarray,
+                        points: jnp.ndarray, labels: jnp.ndarray, state: IsegmState, use_state,
+                        num_clicks, options: IsegmOptions):
+    """One round of an interactive protocol through the authors' predictor (the Segmenter
+    contract's ``interactive_predict`` of click-map models; `models.base.interactive_step`).
+
+    ``use_state`` false (a protocol's feedback rule) starts from a fresh
+    predictor, `IsegmState.initial` (isegm's ``set_input_image``); otherwise
+    `predict_click` continues from ``state``. Any segmenter with
+    ``grid_logits`` / ``click_features`` / ``network_logits`` can use it.
+
+    Returns:
+      (prob f32[Hf, Wf], the next `IsegmState`).
+    """
+    fresh = IsegmState.initial(state.prev_prob.shape)
+    use_state = jnp.asarray(use_state, bool)
+    state = jax.tree.map(lambda kept, new: jnp.where(use_state, kept, new), state, fresh)
+    return predict_click(segmenter, params, image, original_hw, points, labels, num_clicks, state,
+                         options)

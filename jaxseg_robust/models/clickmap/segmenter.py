@@ -24,6 +24,14 @@ Conventions of this family (the Segmenter contract's family-specific parts):
   run these models in exact-size buckets, or through the zoom-in of
   `jaxseg_robust.models.clickmap.isegm`, which resizes a crop of the image to
   a fixed size and works in any frame.
+* ``evaluation``: the authors' evaluation machinery (`IsegmOptions`: zoom-in,
+  flip averaging, CFR-ICL's cascade) for interactive protocols. When set, the
+  segmenter owns an `IsegmState` between rounds (``interactive_state`` /
+  ``interactive_predict``, the optional members of the Segmenter contract that
+  `jaxseg_robust.models.base.interactive_step` calls), and with a zoom-in its
+  ``frame_policy`` is ``"any"`` for those protocols. ``decode`` itself is
+  unchanged (the network on the whole frame). None (default): protocols feed
+  ``feedback`` back through ``decode`` as before.
 * clicks: (x, y) pixels of the original image, rendered with isegm's hard
   disks (``click_encoding="hard"``, exact) or with differentiable soft disks
   (``"soft"``, what gradient-based protocols use).
@@ -46,15 +54,17 @@ import numpy as np
 
 from jaxseg_robust.models.base import Prediction, Transform
 from jaxseg_robust.models.clickmap.encoding import ENCODINGS, coord_features
+from jaxseg_robust.models.clickmap.isegm import IsegmOptions, IsegmState, interactive_predict
 from jaxseg_robust.models.clickmap.layers import random_params
 from jaxseg_robust.models.ritm.config import RitmConfig
 from jaxseg_robust.models.simpleclick.config import SimpleClickConfig
 from jaxseg_robust.ops.render import COVERAGE_AREA, COVERAGE_RAMP
-from jaxseg_robust.prompts.types import Prompts
+from jaxseg_robust.prompts.types import Prompts, click_prompts
 
 OUTSIDE_LOGIT = -1e4
 ISEGM_THRESHOLD = 0.49
 FRAME_POLICY_EXACT = "exact"
+FRAME_POLICY_ANY = "any"
 # Transposed convolutions of SimpleClick's neck (their weights keep torch's [in, out, k, k]).
 SIMPLECLICK_TRANSPOSED = ("neck/down_4/0", "neck/down_4/3", "neck/down_8/0")
 
@@ -91,14 +101,17 @@ class ClickMapSegmenter:
       config: `RitmConfig` or `SimpleClickConfig`.
       click_encoding: "hard" (isegm's binary disks) or "soft" (differentiable).
       coverage: soft-disk coverage model ("area" exact area, or "ramp").
+      evaluation: the authors' predictor options for interactive protocols
+        (`IsegmOptions`, e.g. `isegm.rclicks_options`), or None for the network on
+        the whole frame (see the module docstring).
     """
 
     config: Any
     click_encoding: str = "hard"
     coverage: str = COVERAGE_AREA
+    evaluation: IsegmOptions | None = None
 
     probability_threshold = ISEGM_THRESHOLD
-    frame_policy = FRAME_POLICY_EXACT
     # the family's rules in the authors' protocol code (jaxseg_robust.models.base, optional members)
     resets_feedback_on_two_slots = False  # isegm feeds the previous prediction at every click
     accepts_boxes = False
@@ -109,6 +122,14 @@ class ClickMapSegmenter:
                              f"got {self.click_encoding!r}")
         if self.coverage not in (COVERAGE_AREA, COVERAGE_RAMP):
             raise ValueError(f"coverage must be 'area' or 'ramp'; got {self.coverage!r}")
+        if self.evaluation is not None and not isinstance(self.evaluation, IsegmOptions):
+            raise ValueError(f"evaluation must be IsegmOptions or None; got {type(self.evaluation).__name__}")
+
+    @property
+    def frame_policy(self) -> str:
+        """"exact" (the network sees the frame) unless the evaluation machinery zooms in ("any")."""
+        zooms = self.evaluation is not None and self.evaluation.zoom_in is not None
+        return FRAME_POLICY_ANY if zooms else FRAME_POLICY_EXACT
 
     # ---- network and parameters --------------------------------------------
     @property
@@ -133,6 +154,31 @@ class ClickMapSegmenter:
     def feedback(self, prediction: Prediction) -> jnp.ndarray:
         """f32[Hf, Wf] probability map fed back as ``Prompts.mask_logits`` next round."""
         return jax.nn.sigmoid(prediction.logits)
+
+    def interactive_state(self, frame_hw: tuple[int, int]):
+        """The state before the first click: f32[Hf, Wf] zeros (the feedback map), or with
+        ``evaluation`` the authors' predictor state `IsegmState` after ``set_input_image``."""
+        if self.evaluation is None:
+            return jnp.zeros(self.feedback_shape(frame_hw), jnp.float32)
+        return IsegmState.initial(frame_hw)
+
+    def interactive_predict(self, params, features: ClickMapFeatures, transform: Transform, points, labels,
+                            state, use_state, num_clicks, *, multimask_output: bool = True):
+        """One round: (probability f32[Hf, Wf], next state); `models.base.interactive_step`'s member.
+
+        Without ``evaluation``: ``decode`` with ``state`` as the previous
+        probability map (read where ``use_state``), the state becomes
+        ``feedback`` (the contract's fallback). With it: one ``get_prediction`` of
+        the authors' predictor (`isegm.predict_click`: zoom-in, flip, cascade while
+        ``num_clicks`` <= its click count) on the clicks so far, from ``state`` or,
+        where ``use_state`` is false, from a fresh predictor (``set_input_image``).
+        """
+        if self.evaluation is None:
+            prompts = click_prompts(points, labels, state, use_state)
+            prediction = self.decode(params, features, prompts, transform, multimask_output=multimask_output)
+            return jax.nn.sigmoid(prediction.logits), self.feedback(prediction)
+        return interactive_predict(self, params, features.image, transform.original_hw, points, labels,
+                                   state, use_state, num_clicks, self.evaluation)
 
     def click_step_hw(self, transform: Transform) -> jnp.ndarray:
         """i32[2] the network input's (h, w): the authors' TETRIS step for click-map models
