@@ -6,13 +6,17 @@
   ops → metrics, prompts → models, data → runner → attacks, clicksim → reports → commands → cli;
 * the library never imports the converters (``ports``).
 
-Imports are read with ``ast`` (module level and inside functions), so a lazy import counts too.
+Imports are read with ``ast`` (module level and inside functions), so a lazy import counts too, and
+so does an import by name: a string that names a library module (``"jaxseg_robust.models.sam.registry"``
+in a registration list) or the module name given to ``importlib.import_module`` / ``__import__``
+(an f-string's leading ``"jaxseg_robust.X."`` included).
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -67,6 +71,45 @@ def imports_of(tree: ast.AST, module: str) -> list[tuple[int, str]]:
     return found
 
 
+MODULE_NAME = re.compile(r"jaxseg_robust(\.[A-Za-z_]\w*)+")
+IMPORT_CALLS = {"import_module", "__import__"}
+
+
+def names_a_module(name: str) -> bool:
+    """Whether a dotted name ``jaxseg_robust.X...`` is a module or package of this checkout."""
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _leading_text(node: ast.AST) -> str | None:
+    """A string constant's text, or an f-string's leading constant part (else None)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+        return str(node.values[0].value)
+    return None
+
+
+def string_imports_of(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) of every import by name.
+
+    * a string constant that is exactly the dotted name of a library module (a registration list);
+    * the first argument of ``import_module(...)`` / ``__import__(...)``: a constant or an f-string
+      whose leading text is ``jaxseg_robust.X.`` (the package it imports from, ``X``, is what counts).
+    """
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            text = _leading_text(node.args[0]) if callee in IMPORT_CALLS else None
+            if text and (match := MODULE_NAME.match(text)):
+                found.append((node.lineno, match.group(0)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and MODULE_NAME.fullmatch(node.value) and names_a_module(node.value):
+            found.append((node.lineno, node.value))
+    return sorted(set(found))
+
+
 def code_lines(function: ast.AST, lines: list[str]) -> int:
     """Lines of a function that hold code: not blank, not comment-only, not its docstring."""
     skip = set()
@@ -104,7 +147,8 @@ def test_imports_point_down_and_never_to_the_converters():
     for path in library_modules():
         module = dotted(path)
         own = layer_of(module)
-        for line, name in imports_of(ast.parse(path.read_text()), module):
+        tree = ast.parse(path.read_text())
+        for line, name in imports_of(tree, module) + string_imports_of(tree):
             if name == "ports" or name.startswith("ports."):
                 wrong.append(f"{module}:{line} imports the converters ({name})")
             elif name.startswith("jaxseg_robust.") and layer_of(name) > own:
@@ -125,3 +169,23 @@ def test_the_layer_check_sees_an_upward_import():
     tree = ast.parse("def f():\n    from jaxseg_robust.cli import EXIT_OK\n")
     (line, name), = imports_of(tree, "jaxseg_robust.metrics.masks")
     assert layer_of(name) > layer_of("jaxseg_robust.metrics.masks") and line == 2
+
+
+@pytest.mark.parametrize("source, expected", [
+    ('BUILTINS = ("jaxseg_robust.ops.distance", "jaxseg_robust.clicksim.click_models")\n',
+     [(1, "jaxseg_robust.clicksim.click_models"), (1, "jaxseg_robust.ops.distance")]),
+    ('import importlib\n\ndef f(kind):\n    return importlib.import_module(f"jaxseg_robust.commands.{kind}")\n',
+     [(4, "jaxseg_robust.commands")]),
+    ('def f():\n    return __import__("jaxseg_robust.reports.run_report")\n',
+     [(2, "jaxseg_robust.reports.run_report")]),
+    # not imports: prose, a name of no module, a version tag
+    ('"""jaxseg_robust.data."""\nA = "jaxseg_robust.nothing_here"\nB = "jaxseg_robust.run/1"\n', []),
+])
+def test_string_imports_are_seen(source, expected):
+    assert string_imports_of(ast.parse(source)) == expected
+
+
+def test_the_layer_check_sees_an_upward_string_import():
+    tree = ast.parse('REGISTRATIONS = ("jaxseg_robust.clicksim.click_models",)\n')
+    (line, name), = string_imports_of(tree)
+    assert layer_of(name) > layer_of("jaxseg_robust.models.zoo") and line == 1

@@ -40,7 +40,7 @@ DEFAULT_MODELS_DIR = "~/.cache/jaxseg_robust/models"
 DEFAULT_MODEL = "sam_demo"
 PACKAGE_WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent / "weights"
 BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry", "jaxseg_robust.models.sam2.registry",
-                         "jaxseg_robust.clicksim.click_models", "jaxseg_robust.models.clickmap.registry")
+                         "jaxseg_robust.models.clickability.registry", "jaxseg_robust.models.clickmap.registry")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """RClicks clickability model: SegNeXt-B saliency network, pre/post-processing, training.
 
 See `model` for the network and its variables, `letterbox` for the input
-canvas and the output mapping, `train` for the KLD training recipe, and
+canvas and the output mapping, `train` for the KLD training recipe,
+`click_model` for the network as the simulated user's click model (the
+benchmark wrapper), `registry` for its zoo family and name, and
 ``ports/clickability.py`` for converting the official checkpoint.
 """
 
