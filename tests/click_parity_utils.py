@@ -344,11 +344,12 @@ def torch_zoom_side(cases: list, target: tuple[int, int]) -> list:
 
 
 def torch_rclicks_side(kind: str, variant: str, seed: int, image, gt, target: int, trajectories: list,
-                       ckpt: str | None, click_gain: float = 10.0) -> dict:
+                       ckpt: str | None) -> dict:
     """Spawned: the RClicks authors' predictor loop fed given clicks (docs/protocols/rclicks.md §5.5).
 
-    The model is built as in `torch_noc_side` (seeded, clicks sharpened; RITM's click-map 1x1 conv
-    additionally x ``click_gain``; saved to ``ckpt`` when given). Per trajectory (a list of (row, col, positive) clicks), as their ``evaluate_sample``:
+    The model is built as in `torch_noc_side` (seeded, clicks sharpened by
+    `isegm_reference.sharpen_clicks_`; saved to ``ckpt`` when given). Per trajectory (a list of
+    (row, col, positive) clicks), as their ``evaluate_sample``:
     ``set_input_image`` (fresh predictor state), then per round the click is added to the clicker
     and ``get_prediction(clicker)`` (zoom-in ``skip_clicks=-1`` to target x target, flip, the
     previous prediction fed back) gives the probabilities; IoU of ``> 0.49`` with ``get_iou``.
@@ -370,10 +371,6 @@ def torch_rclicks_side(kind: str, variant: str, seed: int, image, gt, target: in
         from isegm.model.modeling.pos_embed import interpolate_pos_embed_inference  # noqa: PLC0415
         interpolate_pos_embed_inference(model.backbone, (target, target), "cpu")
     ir.sharpen_clicks_(model, kind, image, target)
-    if kind == "ritm":  # `sharpen_clicks_` alone left HRNet-18s's prediction off the object (IoU 0 every round)
-        with torch.no_grad():
-            model.maps_transform[0].weight.mul_(click_gain)
-        ir.sharpen_clicks_(model, kind, image, target)  # re-centres the output bias
     if ckpt is not None:
         ir.save_isegm_checkpoint(model, ckpt)
     predictor = get_predictor(model, "NoBRS", "cpu", prob_thresh=0.49,

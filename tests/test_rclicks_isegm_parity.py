@@ -32,8 +32,7 @@ import click_parity_utils as cu  # noqa: E402
 
 ROUNDS = 8
 TARGET = 400
-CLICK_GAIN = 1.0  # the NoC parity build (sharpened clicks, no extra gain)
-SEED = 11  # the seed of the NoC parity case ritm_hrnet18s_fixed400, whose zoom-in is known to move
+SEED = 11  # the build of the NoC parity case ritm_hrnet18s_fixed400
 
 
 def test_rclicks_rounds_match_the_authors_predictor_loop(request, tmp_path):
@@ -49,7 +48,7 @@ def test_rclicks_rounds_match_the_authors_predictor_loop(request, tmp_path):
     cu.require_repo("ritm")
     image, gt, source = cu.load_real(request)
     ckpt = tmp_path / "random.pth"
-    cu.spawn(cu.torch_rclicks_side, "ritm", "hrnet18s", SEED, image, gt, TARGET, [], str(ckpt), CLICK_GAIN)
+    cu.spawn(cu.torch_rclicks_side, "ritm", "hrnet18s", SEED, image, gt, TARGET, [], str(ckpt))
     cu.port("ritm", ckpt, tmp_path / "converted")
     ckpt.unlink()
     seg, params, _ = zoo.load_params(tmp_path / "converted")
@@ -67,7 +66,7 @@ def test_rclicks_rounds_match_the_authors_predictor_loop(request, tmp_path):
     clicks = [out["base_clicks"][0], *out["group_clicks"][0]]
     trajectories = [[(y, x, p) for x, y, p in c.tolist()] for c in clicks]
     trajectories += [[(y, x, 1)] for x, y in users.tolist()]
-    ref = cu.spawn(cu.torch_rclicks_side, "ritm", "hrnet18s", SEED, image, gt, TARGET, trajectories, None, CLICK_GAIN)
+    ref = cu.spawn(cu.torch_rclicks_side, "ritm", "hrnet18s", SEED, image, gt, TARGET, trajectories, None)
     d_iou = [np.abs(np.asarray(a, np.float64) - b).max() for a, b in zip(ours, ref["ious"])]
     print(f"\nRCLICKS PARITY ritm_hrnet18s [{source}]: max |dIoU| per trajectory (Base, G1, G2, 2 user "
           f"clicks) = {np.round(d_iou, 6).tolist()}")
