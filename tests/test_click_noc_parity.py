@@ -7,7 +7,9 @@ with `authors_options`: RITM in its ``fixed400`` mode, SimpleClick at 448,
 CFR-ICL at 448 with the adaptive 5-step cascade at the first click (the
 cascade is predictor code, tested here on a ViT-xT network built by the CFR-ICL
 repository; ViT-H itself is slow). Clicks must be identical and the IoU of
-every click equal up to threshold flips (|dIoU| <= 1e-3; the numbers are printed).
+every click equal up to threshold flips (|dIoU| <= 1e-3; the numbers are printed); the
+IoUs must move (range > 0.05), else the random network ignored its clicks and the
+loop proved nothing.
 """
 
 from __future__ import annotations
@@ -66,5 +68,6 @@ def test_noc_loop_matches_authors(kind, variant, seed, target, cascade, family, 
           f"{n_same}/{N_CLICKS}; max |dIoU| = {d_iou.max():.3g}; last-map max |dprob| = "
           f"{p_err:.3g}\n  ref IoUs {np.round(ref['ious'], 4).tolist()}\n  our IoUs "
           f"{np.round(ious, 4).tolist()}")
+    assert np.ptp(ref["ious"]) > 0.05  # the predictions (and the zoom) moved with the clicks
     np.testing.assert_array_equal(clicks, ref["clicks"])
     assert d_iou.max() <= 1e-3

@@ -71,7 +71,8 @@ def test_rclicks_rounds_match_the_authors_predictor_loop(request, tmp_path):
     print(f"\nRCLICKS PARITY ritm_hrnet18s [{source}]: max |dIoU| per trajectory (Base, G1, G2, 2 user "
           f"clicks) = {np.round(d_iou, 6).tolist()}")
     for name, a, b in zip(["Base", "G1", "G2", "user1", "user2"], ours, ref["ious"]):
-        print(f"  {name}: ours {np.round(a, 4).tolist()}\n  {' ' * len(name)}  ref  {np.round(b, 4).tolist()}")
+        a = np.round(np.asarray(a, np.float64), 4).tolist()
+        print(f"  {name}: ours {a}\n  {' ' * len(name)}  ref  {np.round(b, 4).tolist()}")
     assert len(set(map(tuple, np.concatenate(clicks)[:, :2].tolist()))) > ROUNDS  # the groups clicked elsewhere
     assert max(np.ptp(a) for a in ours[:3]) > 0.05  # the predictions (and the zoom) moved
     assert max(d_iou) <= 1e-3
