@@ -19,6 +19,7 @@ CONFIGS = [  # (kernel, stride, dilation, padding)
     (3, 1, 2, ((2, 2), (2, 2))),
     (1, 2, 1, ((0, 0), (0, 0))),
     (3, 1, 1, "SAME"),
+    (2, 2, 1, "VALID"),
 ]
 
 

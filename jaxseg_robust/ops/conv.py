@@ -14,7 +14,7 @@ transpose rule runs, so the gradient convolution is already in the canonical
 ``01io`` form wherever it is compiled.
 
 Grouped convolutions and input (lhs) dilation use ``lax.conv_general_dilated``
-unchanged.
+unchanged. Used by the dense models' convolutions (`models/dense/layers.conv2d`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,13 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
         batch_group_count=batch_group_count, precision=precision, preferred_element_type=preferred_element_type)
     numbers = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
     dilated_input = lhs_dilation is not None and any(d != 1 for d in lhs_dilation)
-    if feature_group_count != 1 or batch_group_count != 1 or dilated_input or isinstance(padding, str):
+    if feature_group_count != 1 or batch_group_count != 1 or dilated_input:
         return plain(lhs, rhs, numbers)
+    if isinstance(padding, str):  # "SAME" / "VALID" as explicit pairs (the same pads lax derives)
+        dilation = rhs_dilation or (1,) * len(window_strides)
+        window = [(rhs.shape[axis] - 1) * d + 1 for axis, d in zip(numbers.rhs_spec[2:], dilation)]
+        padding = lax.padtype_to_pads([lhs.shape[axis] for axis in numbers.lhs_spec[2:]], window, window_strides,
+                                      padding)
 
     @jax.custom_vjp
     def conv(x, kernel):
