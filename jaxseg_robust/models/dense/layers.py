@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxseg_robust.models.clickability.resize import upsample_align_corners
+from jaxseg_robust.ops.conv import conv_general_dilated
 from jaxseg_robust.ops.resize import apply_taps, linear_taps
 
 
@@ -30,14 +31,15 @@ def conv2d(features: int, kernel: int, *, stride: int = 1, dilation: int = 1,
     """A torch-equivalent ``Conv2d(.., kernel, stride, padding=dilation*(kernel-1)//2, dilation)``.
 
     Kernel layout [kh, kw, in, out] (convert torch weights with
-    `ports.keytable.conv`). ``kernel`` must be odd.
+    `ports.keytable.conv`). ``kernel`` must be odd. The input gradient is
+    written in XLA:CPU's fast form inside loops (`jaxseg_robust.ops.conv`).
     """
     if kernel % 2 != 1:
         raise ValueError(f"kernel must be odd; got {kernel}")
     pad = dilation * (kernel - 1) // 2
     return nn.Conv(features, (kernel, kernel), strides=(stride, stride),
                    padding=((pad, pad), (pad, pad)), kernel_dilation=(dilation, dilation),
-                   use_bias=use_bias, name=name)
+                   use_bias=use_bias, name=name, conv_general_dilated=conv_general_dilated)
 
 
 def upsample_bilinear(x: jnp.ndarray, out_hw: tuple[int, int]) -> jnp.ndarray:

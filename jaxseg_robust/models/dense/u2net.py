@@ -56,6 +56,7 @@ import jax.numpy as jnp
 from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, Params, binary_logits,
                                              check_images, normalise, random_variables)
 from jaxseg_robust.models.dense.layers import conv2d, max_pool_ceil, upsample_bilinear
+from jaxseg_robust.ops.conv import conv_general_dilated
 
 FAMILY = "u2netp"
 NUM_SIDE_OUTPUTS = 6
@@ -233,7 +234,7 @@ class U2Net(nn.Module):
         out_hw = x.shape[-3:-1]
         sides = [upsample_bilinear(conv2d(1, 3, name=f"side{k + 1}")(h), out_hw)
                  for k, h in enumerate(side_inputs)]
-        fused = nn.Conv(1, (1, 1), padding="VALID", name="outconv")(
+        fused = nn.Conv(1, (1, 1), padding="VALID", name="outconv", conv_general_dilated=conv_general_dilated)(
             jnp.concatenate(sides, axis=-1))
         return jnp.concatenate([fused] + sides, axis=-1)
 

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from jaxseg_robust.models.dense.base import (ConfiguredDense, Params, check_images,
                                              network_variable_shapes, normalise)
 from jaxseg_robust.models.dense.layers import adaptive_avg_pool, conv2d, upsample_bilinear
+from jaxseg_robust.ops.conv import conv_general_dilated
 
 FAMILY = "upernet"
 STEMS = ("conv", "patch")
@@ -164,14 +165,16 @@ class ConvNeXt(nn.Module):
             x = conv2d(cfg.dims[0], 3, stride=2, name="stem_conv2")(x)
             x = _gelu(_layer_norm("stem_norm2")(x))
         else:
-            x = nn.Conv(cfg.dims[0], (4, 4), strides=(4, 4), padding="VALID", name="stem_conv")(x)
+            x = nn.Conv(cfg.dims[0], (4, 4), strides=(4, 4), padding="VALID", name="stem_conv",
+                        conv_general_dilated=conv_general_dilated)(x)
             x = _layer_norm("stem_norm")(x)
         block_cls = nn.remat(ConvNeXtBlock) if cfg.remat_blocks else ConvNeXtBlock
         outs = []
         for i, (depth, dim) in enumerate(zip(cfg.depths, cfg.dims)):
             if i > 0:
                 x = _layer_norm(f"downsample{i}_norm")(x)
-                x = nn.Conv(dim, (2, 2), strides=(2, 2), padding="VALID", name=f"downsample{i}_conv")(x)
+                x = nn.Conv(dim, (2, 2), strides=(2, 2), padding="VALID",
+                            name=f"downsample{i}_conv", conv_general_dilated=conv_general_dilated)(x)
             for j in range(depth):
                 x = block_cls(dim, name=f"stage{i}_{j}")(x)
             outs.append(_layer_norm(f"norm{i}")(x))

@@ -1,0 +1,71 @@
+"""A convolution whose input gradient keeps XLA:CPU's fast convolution inside loops.
+
+`conv_general_dilated` equals ``lax.conv_general_dilated`` in value and in
+both gradients; only the input gradient is written differently. JAX's
+transpose rule computes the input gradient as a convolution with the kernel's
+input and output feature axes swapped in the *dimension numbers* (``01oi``
+for an HWIO kernel). XLA:CPU canonicalises such a convolution to its Eigen
+kernel by inserting a transpose, but only in a program's entry computation:
+inside a ``while`` body (every ``fori_loop`` attack of the perturbation
+battery, docs/protocols/perturbation.md) the ``01oi`` convolution falls back
+to a generic loop, about 3x the cost of the whole forward+backward pass of a
+ResNet-50 per iteration. Here the kernel is transposed explicitly before the
+transpose rule runs, so the gradient convolution is already in the canonical
+``01io`` form wherever it is compiled.
+
+Grouped convolutions and input (lhs) dilation use ``lax.conv_general_dilated``
+unchanged. Used by the dense models' convolutions (`models/dense/layers.conv2d`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def _swap_kernel_features(kernel, numbers: lax.ConvDimensionNumbers):
+    """(kernel with its in/out feature axes swapped, the dimension numbers that read it the same way)."""
+    out_axis, in_axis = numbers.rhs_spec[0], numbers.rhs_spec[1]
+    swapped = jnp.swapaxes(kernel, out_axis, in_axis)
+    rhs_spec = (in_axis, out_axis, *numbers.rhs_spec[2:])
+    return swapped, lax.ConvDimensionNumbers(numbers.lhs_spec, rhs_spec, numbers.out_spec)
+
+
+def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
+                         dimension_numbers=None, feature_group_count: int = 1, batch_group_count: int = 1,
+                         precision=None, preferred_element_type=None):
+    """Drop-in ``lax.conv_general_dilated`` (same arguments and result) with a loop-friendly input gradient.
+
+    Usable as ``flax.linen.Conv(..., conv_general_dilated=conv_general_dilated)``.
+    """
+    plain = lambda x, k, numbers: lax.conv_general_dilated(  # noqa: E731
+        x, k, window_strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+        dimension_numbers=numbers, feature_group_count=feature_group_count,
+        batch_group_count=batch_group_count, precision=precision, preferred_element_type=preferred_element_type)
+    numbers = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+    dilated_input = lhs_dilation is not None and any(d != 1 for d in lhs_dilation)
+    if feature_group_count != 1 or batch_group_count != 1 or dilated_input:
+        return plain(lhs, rhs, numbers)
+    if isinstance(padding, str):  # "SAME" / "VALID" as explicit pairs (the same pads lax derives)
+        dilation = rhs_dilation or (1,) * len(window_strides)
+        window = [(rhs.shape[axis] - 1) * d + 1 for axis, d in zip(numbers.rhs_spec[2:], dilation)]
+        padding = lax.padtype_to_pads([lhs.shape[axis] for axis in numbers.lhs_spec[2:]], window, window_strides,
+                                      padding)
+
+    @jax.custom_vjp
+    def conv(x, kernel):
+        return plain(x, kernel, numbers)
+
+    def forward(x, kernel):
+        return plain(x, kernel, numbers), (x, kernel)
+
+    def backward(residuals, cotangent):
+        x, kernel = residuals
+        swapped, swapped_numbers = _swap_kernel_features(kernel, numbers)
+        grad_x = jax.linear_transpose(lambda v: plain(v, swapped, swapped_numbers), x)(cotangent)[0]
+        grad_kernel = jax.linear_transpose(lambda k: plain(x, k, numbers), kernel)(cotangent)[0]
+        return grad_x, grad_kernel
+
+    conv.defvjp(forward, backward)
+    return conv(lhs, rhs)
