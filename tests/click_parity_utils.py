@@ -274,6 +274,20 @@ def central_differences(fn, points: np.ndarray, step: float) -> np.ndarray:
     return out
 
 
+
+def sharpened_isegm_model(kind: str, variant: str, seed: int, image, target: int):
+    """The authors' RITM / SimpleClick network (reference imported), seeded random weights, in eval
+    mode, SimpleClick's position embedding re-interpolated to ``target``, clicks sharpened
+    (`isegm_reference.sharpen_clicks_`) so the zoom-in moves; run inside a spawned process."""
+    model = ir.build_ritm(variant) if kind == "ritm" else ir.build_simpleclick(variant)
+    ir.randomize_(model, seed)
+    model.eval()
+    if kind != "ritm":
+        from isegm.model.modeling.pos_embed import interpolate_pos_embed_inference  # noqa: PLC0415
+        interpolate_pos_embed_inference(model.backbone, (target, target), "cpu")
+    ir.sharpen_clicks_(model, kind, image, target)
+    return model
+
 def torch_noc_side(kind: str, variant: str, seed: int, image, gt, target: int, n_clicks: int,
                    cascade: bool, ckpt: str) -> dict:
     """Spawned: the authors' ``evaluate_sample`` (20 clicks, no early stop) on random weights.
@@ -286,13 +300,7 @@ def torch_noc_side(kind: str, variant: str, seed: int, image, gt, target: int, n
     from isegm.inference.evaluation import evaluate_sample  # noqa: PLC0415
     from isegm.inference.predictors import get_predictor  # noqa: PLC0415
 
-    model = ir.build_ritm(variant) if kind == "ritm" else ir.build_simpleclick(variant)
-    ir.randomize_(model, seed)
-    model.eval()
-    if kind != "ritm":
-        from isegm.model.modeling.pos_embed import interpolate_pos_embed_inference  # noqa: PLC0415
-        interpolate_pos_embed_inference(model.backbone, (target, target), "cpu")
-    ir.sharpen_clicks_(model, kind, image, target)
+    model = sharpened_isegm_model(kind, variant, seed, image, target)
     ir.save_isegm_checkpoint(model, ckpt)
     predictor_params = {}
     if cascade:
@@ -364,13 +372,7 @@ def torch_rclicks_side(kind: str, variant: str, seed: int, image, gt, target: in
     from isegm.inference.clicker import Click, Clicker  # noqa: PLC0415
     from isegm.inference.predictors import get_predictor  # noqa: PLC0415
 
-    model = ir.build_ritm(variant) if kind == "ritm" else ir.build_simpleclick(variant)
-    ir.randomize_(model, seed)
-    model.eval()
-    if kind != "ritm":
-        from isegm.model.modeling.pos_embed import interpolate_pos_embed_inference  # noqa: PLC0415
-        interpolate_pos_embed_inference(model.backbone, (target, target), "cpu")
-    ir.sharpen_clicks_(model, kind, image, target)
+    model = sharpened_isegm_model(kind, variant, seed, image, target)
     if ckpt is not None:
         ir.save_isegm_checkpoint(model, ckpt)
     predictor = get_predictor(model, "NoBRS", "cpu", prob_thresh=0.49,
