@@ -132,6 +132,19 @@ def click_step_hw(segmenter, transform: Transform) -> jnp.ndarray:
     return jnp.asarray(transform.original_hw if method is None else method(transform), jnp.int32)
 
 
+def predictor_view(segmenter):
+    """The family's predictor as a click attack sees it, or None (the attack runs ``decode`` on the
+    frame: the SAM family and click-map models without their evaluation machinery).
+
+    A click-map segmenter with the authors' predictor (``evaluation``) returns a
+    view whose crop, prediction and click mapping the TETRIS attack optimises
+    through (`jaxseg_robust.models.clickmap.attack_view.PredictorView`;
+    docs/protocols/tetris.md, "Families").
+    """
+    method = getattr(segmenter, "predictor_view", None)
+    return None if method is None else method()
+
+
 def resets_feedback(segmenter) -> bool:
     """Whether the authors' wrapper drops the mask input while isegm's padded point tensor has two
     slots (``max(#positive, #negative) <= 1``): the SAM-family wrappers do (fallback True); click-map

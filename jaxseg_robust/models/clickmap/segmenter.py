@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxseg_robust.models.base import Prediction, Transform
+from jaxseg_robust.models.clickmap.attack_view import PredictorView
 from jaxseg_robust.models.clickmap.encoding import ENCODINGS, coord_features
 from jaxseg_robust.models.clickmap.isegm import IsegmOptions, IsegmState, interactive_predict
 from jaxseg_robust.models.clickmap.layers import random_params
@@ -182,9 +183,18 @@ class ClickMapSegmenter:
 
     def click_step_hw(self, transform: Transform) -> jnp.ndarray:
         """i32[2] the network input's (h, w): the authors' TETRIS step for click-map models
-        (``5 sqrt(h^2 + w^2) / (400 sqrt 2)`` of the tensor the clicks are rendered on; here the
-        image itself, ``resized_hw``; docs/protocols/tetris.md)."""
+        (``5 sqrt(h^2 + w^2) / (400 sqrt 2)`` of the tensor the clicks are rendered on: the zoom-in's
+        crop with ``evaluation``'s zoom-in, else the image itself, ``resized_hw``;
+        docs/protocols/tetris.md)."""
+        zoom = None if self.evaluation is None else self.evaluation.zoom_in
+        if zoom is not None:
+            return jnp.asarray(zoom.target_hw, jnp.int32)
         return jnp.asarray(transform.resized_hw, jnp.int32)
+
+    def predictor_view(self) -> PredictorView | None:
+        """The authors' predictor as a click attack sees it (`attack_view.PredictorView`), or None
+        without ``evaluation`` (the attack then runs ``decode`` on the whole frame)."""
+        return None if self.evaluation is None else PredictorView(self, self.evaluation)
 
     def differentiable_clicks(self) -> ClickMapSegmenter:
         """This segmenter with soft disks: ``decode`` differentiable w.r.t. the click coordinates."""
