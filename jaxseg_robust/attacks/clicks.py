@@ -66,6 +66,7 @@ from jaxseg_robust.models.base import (
     differentiable,
     image_region,
     predictor_view,
+    with_predictor,
     resets_feedback,
     unit_scale,
 )
@@ -88,6 +89,7 @@ TRAJECTORY_MODES = ("baseline", "min", "max")
 BATCH_MODES = ("baseline", "min", "max", "minmax")
 MASK_INPUT_MODES = ("code", "always")
 ACCEPTANCE_MODES = ("code", "paper")
+PREDICTOR_MODES = ("authors", "off")
 _NUMBERS = ("lr_mult", "thr", "radius", "tolerance", "dice_weight", "location_threshold", "dilation_ratio")
 
 
@@ -389,9 +391,9 @@ def click_trajectory(segmenter, params, features, transform: Transform, gt, widt
     features = jax.tree.map(lax.stop_gradient, features)
     if config.optimises:  # the attack differentiates through the click rendering of click-map models
         segmenter = differentiable(segmenter)
-    ctx = click_instance(transform, gt, jnp.asarray(width, jnp.int32), config, maximise,
-                         click_step_hw(segmenter, transform))
-    view = predictor_view(segmenter)
+    view = predictor_view(segmenter)  # the step of a predictor's click: the diagonal of its grid
+    step_hw = click_step_hw(segmenter, transform) if view is None else jnp.asarray(view.grid_hw(gt.shape), jnp.int32)
+    ctx = click_instance(transform, gt, jnp.asarray(width, jnp.int32), config, maximise, step_hw)
     n_clicks = config.n_clicks
     if view is None:  # q in the model frame, decode on the frame
         model_transform = unit_scale(transform)
@@ -553,7 +555,8 @@ class ClickProtocol:
 
 def make_click_batch_fn(segmenter, params, *, mode: str = "minmax", n_clicks: int = DEFAULT_N_CLICKS,
                         n_opt_steps: int = DEFAULT_N_OPT_STEPS, lr_mult: float = DEFAULT_LR_MULT,
-                        thr: float | None = None, **options) -> BatchProgram:
+                        thr: float | None = None, predictor: str = "authors", dataset: str | None = None,
+                        **options) -> BatchProgram:
     """A batch function for `jaxseg_robust.runner.engine.run` running one click protocol.
 
     Args:
@@ -567,6 +570,10 @@ def make_click_batch_fn(segmenter, params, *, mode: str = "minmax", n_clicks: in
         baseline click + 10 Adam updates); ignored by "baseline".
       lr_mult: ``--lr-mult`` (lr = lr_mult 5 sqrt(H^2 + W^2) / (400 sqrt 2)).
       thr: probability threshold (default: ``segmenter.probability_threshold``).
+      predictor: "authors" (click-map models attacked through the authors' predictor, zoom-in
+        and flip, `jaxseg_robust.models.base.with_predictor`; ``dataset`` "DAVIS" picks its larger
+        zoom) or "off" (the network once on the whole frame). No effect on the SAM family.
+      dataset: see ``predictor``.
       **options: any other `TetrisConfig` field (radius, tolerance,
         dice_weight, location_threshold, coverage, samples_per_axis,
         mask_input, optimise_first_click, acceptance, record_trajectory,
@@ -589,6 +596,9 @@ def make_click_batch_fn(segmenter, params, *, mode: str = "minmax", n_clicks: in
     """
     if mode not in BATCH_MODES:
         raise ValueError(f"mode must be one of {BATCH_MODES}; got {mode!r}")
+    if predictor not in PREDICTOR_MODES:
+        raise ValueError(f"predictor must be one of {PREDICTOR_MODES}; got {predictor!r}")
+    segmenter = with_predictor(segmenter, predictor == "authors", dataset)
     known = {field.name for field in dataclasses.fields(TetrisConfig)} - {"mode", "n_clicks", "n_opt_steps",
                                                                         "lr_mult", "thr"}
     unknown = set(options) - known

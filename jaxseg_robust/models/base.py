@@ -145,6 +145,14 @@ def predictor_view(segmenter):
     return None if method is None else method()
 
 
+def with_predictor(segmenter, use: bool, dataset: str | None = None):
+    """The segmenter with (``use``) or without its family's evaluation predictor for a click attack
+    (``segmenter.with_predictor``: click-map models, the authors' zoom-in and flip,
+    docs/protocols/tetris.md "Families"); a segmenter without that member is returned as it is."""
+    method = getattr(segmenter, "with_predictor", None)
+    return segmenter if method is None else method(use, dataset)
+
+
 def resets_feedback(segmenter) -> bool:
     """Whether the authors' wrapper drops the mask input while isegm's padded point tensor has two
     slots (``max(#positive, #negative) <= 1``): the SAM-family wrappers do (fallback True); click-map
