@@ -389,3 +389,21 @@ def torch_rclicks_side(kind: str, variant: str, seed: int, image, gt, target: in
                 ious.append(utils.get_iou(gt, probs > 0.49))
         out.append(np.asarray(ious, np.float64))
     return {"ious": out}
+
+
+def torch_tetris_side(kind: str, variant: str, seed: int, image, gt, target: int, n_clicks: int,
+                      n_iterates: int, ckpt: str) -> dict:
+    """Spawned: the authors' TETRIS loop through their ``ZoomIn`` (``fixed<target>``) and
+    ``AddHorizontalFlip`` (experiments/benchmarks/isegm_tetris_reference.py, ``predictor_trajectory``),
+    MIN and MAX, on the sharpened random-weight model, saved to ``ckpt`` first."""
+    import sys  # noqa: PLC0415
+
+    ir.import_reference(kind)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments" / "benchmarks"))
+    import isegm_tetris_reference as tr  # noqa: PLC0415
+
+    model = sharpened_isegm_model(kind, variant, seed, image, target)
+    ir.save_isegm_checkpoint(model, ckpt)
+    run = {"target_hw": (target, target), "n_clicks": n_clicks, "n_iterates": n_iterates, "thr": 0.49}
+    return {mode: tr.predictor_trajectory(model, image, gt.astype(bool), maximise=mode == "max", **run)
+            for mode in ("min", "max")}

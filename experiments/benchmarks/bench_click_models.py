@@ -38,14 +38,16 @@ evaluation input size (RITM 400 x 400, its ``fixed400`` zoom; SimpleClick
     vmapped over B instances. The first instance's IoUs per click are
     compared (``max|dIoU|``) so both sides are seen doing the same work;
   * ``tetris``: the TETRIS attack, MIN + MAX, ``--tetris-clicks`` (10) clicks
-    x ``--tetris-iterates`` (11) evaluated iterates, on instances that are
-    the network input itself (DAVIS images resized to 400 / 448 squares):
-    the authors' loop for RITM-style models restated in torch one instance
-    and one mode at a time (``isegm_tetris_reference.py``, which says how and
-    why it is restated) vs the library's ``make_click_batch_fn(mode="minmax")``
+    x ``--tetris-iterates`` (11) evaluated iterates, on DAVIS images resized
+    to 400 / 448 squares, both sides through the authors' predictor (zoom-in
+    ``fixed400`` / ``fixed448`` and flip): the authors' loop for RITM-style
+    models restated in torch on their own ``ZoomIn`` / ``AddHorizontalFlip``
+    one instance and one mode at a time (``isegm_tetris_reference.py``,
+    ``predictor_trajectory``, which says how and why it is restated) vs the
+    library's ``make_click_batch_fn(mode="minmax", predictor="authors")``
     (the `runner.program.BatchProgram` the ``tetris`` command runs, with the
     click-map family's settings: disks rendered differentiably, the step from
-    the network input's diagonal, threshold 0.49) on one `PaddedBatch` of B
+    the crop's diagonal, threshold 0.49) on one `PaddedBatch` of B
     instances. Cross-check: click 1's iterate-0 IoU of both sides (MIN and
     MAX) on the first instance must agree within 1e-3.
 
@@ -240,20 +242,22 @@ def torch_stages(model, size: int, batch: int, repeats: int, pair: tuple, device
     return out
 
 
-def torch_tetris(model, instances, device: str, n_clicks: int, n_iterates: int) -> dict:
-    """The restated authors' TETRIS loop, MIN then MAX, one instance at a time; s per instance."""
+def torch_tetris(model, instances, device: str, n_clicks: int, n_iterates: int, size: int) -> dict:
+    """The restated authors' TETRIS loop through their zoom-in (``fixed<size>``) and flip, MIN then
+    MAX, one instance at a time; s per instance."""
     import isegm_tetris_reference as tr  # noqa: PLC0415
 
-    run = {"n_clicks": n_clicks, "n_iterates": n_iterates, "thr": TETRIS_THRESHOLD, "device": device}
+    run = {"n_clicks": n_clicks, "n_iterates": n_iterates, "thr": TETRIS_THRESHOLD, "device": device,
+           "target_hw": (size, size)}
     image, gt = instances[0]
     start = time.perf_counter()
-    tr.tetris_trajectory(model, image, gt, maximise=True, **{**run, "n_clicks": 1, "n_iterates": 2})
+    tr.predictor_trajectory(model, image, gt, maximise=True, **{**run, "n_clicks": 1, "n_iterates": 2})
     log("torch tetris warm-up (1 click x 2 iterates)", start)
     start = time.perf_counter()
     first = {}
     for index, (image, gt) in enumerate(instances):
         for mode in ("min", "max"):
-            result = tr.tetris_trajectory(model, image, gt, maximise=mode == "max", **run)
+            result = tr.predictor_trajectory(model, image, gt, maximise=mode == "max", **run)
             if index == 0:
                 first[mode] = result
     seconds = (time.perf_counter() - start) / len(instances)
@@ -285,7 +289,7 @@ def torch_side(repo: str, variant: str, size: int, batch: int, repeats: int, pai
            "threads": torch.get_num_threads()}
     out.update(torch_stages(model, size, batch, repeats, pair, device, stages))
     if "tetris" in stages:
-        out.update(torch_tetris(model, tetris_instances, device, *tetris_shape))
+        out.update(torch_tetris(model, tetris_instances, device, *tetris_shape, size))
     return out
 
 
@@ -344,16 +348,24 @@ def jax_stages(seg, params, size: int, family: str, batch: int, repeats: int, pa
     return out
 
 
-def jax_tetris(seg, params, instances, repeats: int, n_clicks: int, n_iterates: int) -> dict:
-    """The library's TETRIS MIN + MAX program on one `PaddedBatch` of the instances."""
+def jax_tetris(seg, params, instances, repeats: int, n_clicks: int, n_iterates: int, size: int) -> dict:
+    """The library's TETRIS MIN + MAX program on one `PaddedBatch` of the instances, through the
+    authors' predictor (zoom-in ``fixed<size>`` and flip, as the reference side)."""
+    import dataclasses  # noqa: PLC0415
+
     import jax  # noqa: PLC0415
+
+    from jaxseg_robust.models.clickmap.isegm import IsegmOptions  # noqa: PLC0415
+    from jaxseg_robust.models.clickmap.zoom_in import ZoomInConfig  # noqa: PLC0415
 
     from jaxseg_robust.attacks.clicks import make_click_batch_fn  # noqa: PLC0415
     from jaxseg_robust.data.buckets import pad_batch  # noqa: PLC0415
     from jaxseg_robust.data.instances import make_instance  # noqa: PLC0415
 
+    seg = dataclasses.replace(seg, evaluation=IsegmOptions(zoom_in=ZoomInConfig(target_hw=(size, size)),
+                                                           with_flip=True))
     program = make_click_batch_fn(seg, params, mode="minmax", n_clicks=n_clicks,
-                                  n_opt_steps=n_iterates)
+                                  n_opt_steps=n_iterates, predictor="authors")
     items = [make_instance(f"bench{i}", image, gt.astype(np.int8), dataset="bench")
              for i, (image, gt) in enumerate(instances)]
     batch = pad_batch(items, instances[0][1].shape, len(items))
@@ -499,7 +511,7 @@ def main(argv=None) -> int:
                               args.stages)
             if "tetris" in args.stages:
                 ours.update(jax_tetris(seg, params, squares[name], args.tetris_repeats,
-                                       args.tetris_clicks, args.tetris_iterates))
+                                       args.tetris_clicks, args.tetris_iterates, size))
             rows += rows_of(name, ref, ours, args)
         print("\n".join(header + rows + [f"# load at end {os.getloadavg()[0]:.2f}"]), flush=True)
     return 0

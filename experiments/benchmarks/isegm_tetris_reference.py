@@ -31,14 +31,16 @@ per iterate, on the authors' own network modules (``maps_transform``,
   clipped (row, col) the stored click. MIN and MAX are separate runs
   (``--optim_min`` selects one mode per run).
 
-Two deliberate differences from the authors' RITM path, both so that the two
-sides compute the same thing (docs/protocols/tetris.md, "Families"): no
-zoom-in and no flip (the library's click-map attack runs the network on the
-whole image; here the instance *is* the network input, e.g. 400 x 400 for
-RITM), and the disk is the library's exact area coverage (its deterministic
-surrogate of pydiffvg's 2 x 2-sample rendering), restated below with torch
-ops on the disk's window only (exact, and cheaper than pydiffvg's whole-canvas
-rendering: favourable to the reference).
+`predictor_trajectory` runs the loop through the authors' predictor
+transforms (their ``ZoomIn`` in its ``fixed<N>`` mode and ``AddHorizontalFlip``,
+imported from the RITM checkout): what the authors' attack does and what the
+library's click-map attack does by default (docs/protocols/tetris.md,
+"Families"). `tetris_trajectory` is the whole-image loop (no zoom-in, no
+flip; the library's ``--isegm off``). In both, the disk is the library's
+exact area coverage (its deterministic surrogate of pydiffvg's 2 x 2-sample
+rendering), restated below with torch ops on the disk's window only (exact,
+and cheaper than pydiffvg's whole-canvas rendering: favourable to the
+reference).
 """
 
 from __future__ import annotations
@@ -237,6 +239,105 @@ def tetris_trajectory(model, image, gt, *, maximise: bool, n_clicks: int = 10, n
         with torch.no_grad():
             fixed[channel] = torch.clamp(fixed[channel] + click_disk(torch.tensor([c, r], device=device),
                                                                      height, width, radius), 0, 1)
+        not_clicked[min(round(r), height - 1), min(round(c), width - 1)] = 0
+        out["iou"].append(best[0])
+        out["biou"].append(best[1])
+        out["clicks"].append((r, c))
+    return {k: np.asarray(v, np.float64) for k, v in out.items()}
+
+
+def _transformed(zoom, flip, image_t, prob, gt, clicks):
+    """The authors' ``apply_transforms`` of one click: their ``ZoomIn`` then ``AddHorizontalFlip`` on
+    (image, previous map) and on the GT (``> 0.5``); returns (input [2, 4, h, w], gt [2, 1, h, w],
+    crop clicks of the unflipped half)."""
+    torch = _torch()
+    x, tclicks = zoom.transform(torch.cat([image_t, prob], 1), [clicks])
+    x, tclicks = flip.transform(x, tclicks)
+    g, _ = zoom.transform(torch.from_numpy(gt.astype(np.float32))[None, None], [clicks])
+    g, _ = flip.transform(g, [clicks])
+    return x, (g > 0.5).float(), tclicks[0]
+
+
+def predictor_trajectory(model, image, gt, *, target_hw, maximise: bool, n_clicks: int = 10, n_iterates: int = 11,
+                         thr: float = 0.49, radius: float = 5.0, lr_mult: float = 1.0, tolerance: float = 1.05,
+                         dice_weight: float = 1e-3, device: str = "cpu") -> dict:
+    """`tetris_trajectory` through the authors' predictor transforms (docs/protocols/tetris.md, "Families").
+
+    Per click, as the authors' ``get_prediction`` + ``forward_optimizable``: their ``ZoomIn``
+    (``skip_clicks=-1``, ``target_size=target_hw``: the ``fixed<N>`` mode) and ``AddHorizontalFlip``
+    (imported from the RITM checkout on ``sys.path``) transform image, previous map and GT with the
+    baseline click among the clicks; the click is optimised in crop pixels (step from the crop's
+    diagonal, the location loss on the crop from the cropped GT and previous map ``> 0.5``, Dice
+    over both halves, the mirrored half's click maps the pixel mirror); each iterate's prediction
+    is flip-averaged (logits), sigmoid, pasted back by ``ZoomIn.inv_transform`` and scored against
+    the full GT; the accepted click (clipped to the crop) maps back by the zoom-in's inverse, and
+    the accepted map is the zoom-in's previous map for the next click.
+
+    Returns:
+      as `tetris_trajectory`.
+    """
+    torch = _torch()
+    from isegm.inference.clicker import Click  # noqa: PLC0415
+    from isegm.inference.transforms.flip import AddHorizontalFlip  # noqa: PLC0415
+    from isegm.inference.transforms.zoom_in import ZoomIn  # noqa: PLC0415
+
+    height, width = gt.shape
+    zoom, flip = ZoomIn(target_size=tuple(target_hw), skip_clicks=-1), AddHorizontalFlip()
+    image_t = torch.from_numpy(image.copy()).permute(2, 0, 1)[None].float().div(255).to(device)
+    d, sign = boundary_width(height, width), (1.0 if maximise else -1.0)
+    prob_np = np.zeros((height, width), np.float32)
+    not_clicked = np.ones((height, width), np.float32)
+    clicks, out = [], {"iou": [], "biou": [], "start_iou": [], "clicks": []}
+    for _ in range(n_clicks):
+        positive, row, col = next_click(gt, prob_np > thr, not_clicked)
+        clicks.append(Click(is_positive=bool(positive), coords=(float(row), float(col))))
+        x, g, tclicks = _transformed(zoom, flip, image_t, torch.from_numpy(prob_np)[None, None].to(device), gt,
+                                     clicks)
+        g = g.to(device)
+        img, prev = model.prepare_input(x)
+        h, w = img.shape[2:]
+        fixed = torch.zeros((2, h, w), device=device)
+        with torch.no_grad():
+            for click in tclicks[:-1]:
+                k = 0 if click.is_positive else 1
+                disk = click_disk(torch.tensor([click.coords[1], click.coords[0]], device=device), h, w, radius)
+                fixed[k] = torch.clamp(fixed[k] + disk, 0, 1)
+        gt_c = g[0, 0].cpu().numpy().astype(np.uint8)
+        prev_c = ((0.5 * (prev[0] + torch.flip(prev[1], dims=[2])))[0].cpu().numpy() > 0.5)
+        region = (gt_c.astype(bool) & ~prev_c) if positive else (~gt_c.astype(bool) & prev_c)
+        dt = torch.from_numpy(cv2_distance(~region)).to(device)
+        q = torch.tensor([tclicks[-1].coords[1], tclicks[-1].coords[0]], dtype=torch.float32, device=device,
+                         requires_grad=True)
+        optimizer = torch.optim.Adam([q], lr=lr_mult * 5 * math.hypot(h, w) / (400 * math.sqrt(2)))
+        best, best_loc, stored = ((-2.0, -2.0) if maximise else (2.0, 2.0)), 1e50, None
+        for step in range(n_iterates):
+            optimizer.zero_grad()
+            disk = click_disk(q, h, w, radius)
+            new = torch.stack([disk, torch.zeros_like(disk)] if positive else [torch.zeros_like(disk), disk])
+            maps = torch.clamp(fixed + new, 0, 1)[None]
+            maps = torch.cat([maps, torch.flip(maps, (3,))])
+            logits = model.backbone_forward(img, model.maps_transform(torch.cat([prev, maps], 1)))["instances"]
+            logits = torch.nn.functional.interpolate(logits, size=(h, w), mode="bilinear", align_corners=True)
+            p = torch.sigmoid(logits)
+            loc = (disk * dt).mean()
+            dice = (1 - 2 * (p * g).sum() / torch.clamp(p.sum() + g.sum(), min=1e-7)) * float(g.sum() > 0)
+            loss = loc + sign * dice * dice_weight
+            with torch.no_grad():
+                full = zoom.inv_transform(torch.sigmoid(flip.inv_transform(logits.detach())))[0, 0].cpu().numpy()
+            now = scores(full > thr, gt, d)
+            if step == 0:
+                out["start_iou"].append(now[0])
+            if float(loc.detach()) <= tolerance * best_loc and (now > best if maximise else now < best):
+                best, best_loc = now, float(loc.detach())
+                stored = (full.copy(), [float(v) for v in q.detach().cpu()])
+            loss.backward()
+            optimizer.step()
+        prob_np, (qx, qy) = stored
+        zoom._prev_probs = prob_np[None, None].copy()  # the accepted map (inv_transform kept the last iterate's)
+        rmin, rmax, cmin, cmax = zoom._object_roi
+        r = min(max(qy, 0.0), h - 1.0) * (rmax - rmin + 1) / h + rmin
+        c = min(max(qx, 0.0), w - 1.0) * (cmax - cmin + 1) / w + cmin
+        clicks[-1] = Click(is_positive=bool(positive), coords=(r, c))
         not_clicked[min(round(r), height - 1), min(round(c), width - 1)] = 0
         out["iou"].append(best[0])
         out["biou"].append(best[1])

@@ -55,7 +55,7 @@ from jaxseg_robust.attacks.location import (
     location_error_region,
     location_loss,
 )
-from jaxseg_robust.attacks.objectives import dice_loss
+from jaxseg_robust.attacks.predictor_clicks import decode_attempt, predictor_attempt
 from jaxseg_robust.attacks.scoring import START_MAX, START_MIN, is_better
 from jaxseg_robust.metrics.interactive import TETRIS_NUM_CLICKS, normalized_auc
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
@@ -65,6 +65,8 @@ from jaxseg_robust.models.base import (
     click_step_hw,
     differentiable,
     image_region,
+    predictor_view,
+    with_predictor,
     resets_feedback,
     unit_scale,
 )
@@ -87,6 +89,7 @@ TRAJECTORY_MODES = ("baseline", "min", "max")
 BATCH_MODES = ("baseline", "min", "max", "minmax")
 MASK_INPUT_MODES = ("code", "always")
 ACCEPTANCE_MODES = ("code", "paper")
+PREDICTOR_MODES = ("authors", "off")
 _NUMBERS = ("lr_mult", "thr", "radius", "tolerance", "dice_weight", "location_threshold", "dilation_ratio")
 
 
@@ -240,12 +243,13 @@ def click_instance(transform: Transform, gt, width, config: TetrisConfig, maximi
 # ---- one click ----------------------------------------------------------------------------
 
 def click_setup(ctx: ClickInstance, config: TetrisConfig, state: ClickState, index,
-                resets: bool = True) -> ClickSetup:
+                resets: bool = True, frame_distance: bool = True) -> ClickSetup:
     """The baseline clicker's click ``index`` on the previous accepted map, and its prompt history.
 
     ``resets``: static, whether the family's wrapper drops the mask input while
     ``max(#positive, #negative) <= 1`` (`jaxseg_robust.models.base.resets_feedback`); applies to
-    ``mask_input="code"``.
+    ``mask_input="code"``. ``frame_distance``: static, compute the location loss's distance map on
+    the frame (False where the click is optimised in a predictor's crop, which has its own).
     """
     slots = jnp.arange(config.n_clicks)
     pred = (state.probability > config.thr) & ctx.region
@@ -260,38 +264,17 @@ def click_setup(ctx: ClickInstance, config: TetrisConfig, state: ClickState, ind
         has_mask = index > 0
     errors = location_error_region(ctx.target, state.probability, is_positive, ctx.region,
                                    config.location_threshold)
-    distance = location_distance_map(errors, ctx.transform.original_hw) if config.optimises else None
+    distance = location_distance_map(errors, ctx.transform.original_hw) if config.optimises and frame_distance else None
     q0 = jnp.stack([col.astype(jnp.float32) * ctx.scale[0], row.astype(jnp.float32) * ctx.scale[1]])
     return ClickSetup(index=index, current=(slots == index)[:, None], is_positive=is_positive, row=row, col=col,
                       labels=labels, has_mask=has_mask, errors=errors, distance=distance, q0=q0)
 
 
-def click_objective(segmenter, decode, ctx: ClickInstance, config: TetrisConfig, state: ClickState,
-                    setup: ClickSetup):
-    """``q -> (L, (P, feedback, Dice, Lloc))`` of the click being optimised (differentiable in q).
-
-    ``decode``: ``Prompts -> Prediction`` on the instance's features (model-frame coordinates).
-    """
-
-    def objective(q):
-        prompt_points = jnp.where(setup.current, q[None, :], state.points)
-        prediction = decode(click_prompts(prompt_points, setup.labels, state.feedback, setup.has_mask))
-        prob = jax.nn.sigmoid(prediction.logits)
-        dice = dice_loss(prob, ctx.target_float, ctx.region)
-        if config.optimises:
-            loc = location_loss(q, setup.distance, ctx.transform.original_hw, ctx.transform.resized_hw,
-                                config.radius, coverage=config.coverage, samples_per_axis=config.samples_per_axis)
-        else:
-            loc = jnp.float32(0.0)
-        loss = loc + ctx.sign * jnp.float32(config.dice_weight) * dice
-        return loss, (prob, segmenter.feedback(prediction), dice, loc)
-
-    return objective
-
-
 def consider_iterate(ctx: ClickInstance, config: TetrisConfig, setup: ClickSetup, best: BestIterate, q, loss, aux,
-                     step) -> tuple[BestIterate, ClickIterates]:
-    """Scores one iterate and applies the acceptance rule (§3.2 item 5); returns (new best, its log)."""
+                     step, to_click=None) -> tuple[BestIterate, ClickIterates]:
+    """Scores one iterate and applies the acceptance rule (§3.2 item 5); returns (new best, its log).
+
+    ``to_click``: ``q -> (row, col)`` of the log (default `reported_click` of the model frame)."""
     prob, feedback, dice, loc = aux
     scores = packed_scores((prob > config.thr) & ctx.region, ctx.packed, ctx.width)
     if config.acceptance == "paper":
@@ -308,21 +291,24 @@ def consider_iterate(ctx: ClickInstance, config: TetrisConfig, setup: ClickSetup
     new = jax.tree.map(lambda c, o: jnp.where(accept, c, o), candidate, best)
     if config.acceptance == "paper":  # tolerance relative to iterate 0's Lloc
         new = new.replace(reference_loc=jnp.where(step == 0, loc, best.reference_loc))
-    log = ClickIterates(point_resized=q, click=reported_click(q, ctx.transform), loss=loss, dice=dice, location=loc,
+    click = reported_click(q, ctx.transform) if to_click is None else to_click(q)
+    log = ClickIterates(point_resized=q, click=click, loss=loss, dice=dice, location=loc,
                         selection_iou=scores.selection_iou, selection_biou=scores.selection_biou, iou=scores.iou,
                         biou=scores.biou, accepted=accept)
     return new, log
 
 
 def optimise_click(objective, ctx: ClickInstance, config: TetrisConfig, state: ClickState,
-                   setup: ClickSetup) -> tuple[BestIterate, ClickIterates]:
-    """The S evaluated iterates of one click (S - 1 Adam steps); returns (accepted iterate, log [S, ...])."""
+                   setup: ClickSetup, q0=None, to_click=None) -> tuple[BestIterate, ClickIterates]:
+    """The S evaluated iterates of one click (S - 1 Adam steps) from ``q0`` (default ``setup.q0``);
+    returns (accepted iterate, log [S, ...]); ``to_click`` as `consider_iterate`."""
     n_iterates = config.evaluated_iterates
+    q0 = setup.q0 if q0 is None else q0
     optimizer = optax.adam(ctx.learning_rate)
-    consider = functools.partial(consider_iterate, ctx, config, setup)
+    consider = functools.partial(consider_iterate, ctx, config, setup, to_click=to_click)
     best = BestIterate(selection_iou=ctx.start, selection_biou=ctx.start, iou=jnp.float32(jnp.nan),
                        biou=jnp.float32(jnp.nan), loc=jnp.float32(jnp.inf), reference_loc=jnp.float32(jnp.inf),
-                       probability=state.probability, feedback=state.feedback, point=setup.q0,
+                       probability=state.probability, feedback=state.feedback, point=q0,
                        step=jnp.int32(0), accepted=jnp.int32(0))
     if n_iterates > 1:
         def step(carry, step_index):
@@ -332,10 +318,10 @@ def optimise_click(objective, ctx: ClickInstance, config: TetrisConfig, state: C
             updates, opt_state = optimizer.update(grad, opt_state, q)
             return (optax.apply_updates(q, updates), opt_state, best), log
 
-        (q_last, _, best), logs = lax.scan(step, (setup.q0, optimizer.init(setup.q0), best),
+        (q_last, _, best), logs = lax.scan(step, (q0, optimizer.init(q0), best),
                                            jnp.arange(n_iterates - 1, dtype=jnp.int32))
     else:
-        q_last, logs = setup.q0, None
+        q_last, logs = q0, None
     loss, aux = objective(q_last)  # the update after the last iterate is never evaluated: skipped
     best, last_log = consider(best, q_last, loss, aux, jnp.int32(n_iterates - 1))
     last_log = jax.tree.map(lambda leaf: leaf[None], last_log)
@@ -343,18 +329,25 @@ def optimise_click(objective, ctx: ClickInstance, config: TetrisConfig, state: C
     return best, logs
 
 
-def one_click(segmenter, decode, ctx: ClickInstance, config: TetrisConfig, state: ClickState, index):
-    """Click ``index`` of a trajectory: (the next `ClickState`, its per-click record)."""
-    setup = click_setup(ctx, config, state, index, resets_feedback(segmenter))
-    objective = click_objective(segmenter, decode, ctx, config, state, setup)
-    best, logs = optimise_click(objective, ctx, config, state, setup)
-    click = reported_click(best.point, ctx.transform)
+def one_click(segmenter, attempt, ctx: ClickInstance, config: TetrisConfig, state: ClickState, index,
+              frame_distance: bool = True):
+    """Click ``index`` of a trajectory: (the next `ClickState`, its per-click record).
+
+    ``attempt``: ``(state, setup) -> ClickAttempt`` (`jaxseg_robust.attacks.predictor_clicks`: the frame
+    the click is optimised in and how an iterate is predicted); ``frame_distance`` as `click_setup`.
+    """
+    setup = click_setup(ctx, config, state, index, resets_feedback(segmenter), frame_distance)
+    how = attempt(state, setup)
+    best, logs = optimise_click(how.objective, ctx, config, state, setup, how.q0, how.to_click)
+    click = how.to_click(best.point)
     if not config.optimises:  # the baseline's click is the integer pixel itself
         click = jnp.stack([setup.row, setup.col]).astype(jnp.float32)
     point_resized = jnp.stack([click[1] * ctx.scale[0], click[0] * ctx.scale[1]])
+    points = jnp.where(setup.current, point_resized[None, :], state.points)
+    probability, feedback, iou, biou = how.finish(best, points, setup.labels)
     record = {
         "clicks": click, "is_positive": setup.is_positive, "baseline_clicks": jnp.stack([setup.row, setup.col]),
-        "has_mask_input": setup.has_mask, "iou": best.iou, "biou": best.biou,
+        "has_mask_input": setup.has_mask, "iou": iou, "biou": biou,
         "selection_iou": best.selection_iou, "selection_biou": best.selection_biou,
         "start_selection_iou": logs.selection_iou[0], "start_selection_biou": logs.selection_biou[0],
         "start_iou": logs.iou[0], "start_biou": logs.biou[0],
@@ -363,9 +356,9 @@ def one_click(segmenter, decode, ctx: ClickInstance, config: TetrisConfig, state
     }
     if config.record_trajectory:
         record["iterates"] = logs
-    new_state = ClickState(points=jnp.where(setup.current, point_resized[None, :], state.points),
-                           labels=setup.labels, not_clicked=mark_clicked(state.not_clicked, click[0], click[1]),
-                           probability=best.probability, feedback=best.feedback)
+    new_state = ClickState(points=points, labels=setup.labels,
+                           not_clicked=mark_clicked(state.not_clicked, click[0], click[1]),
+                           probability=probability, feedback=feedback)
     return new_state, record
 
 
@@ -398,19 +391,28 @@ def click_trajectory(segmenter, params, features, transform: Transform, gt, widt
     features = jax.tree.map(lax.stop_gradient, features)
     if config.optimises:  # the attack differentiates through the click rendering of click-map models
         segmenter = differentiable(segmenter)
-    ctx = click_instance(transform, gt, jnp.asarray(width, jnp.int32), config, maximise,
-                         click_step_hw(segmenter, transform))
-    model_transform = unit_scale(transform)
-
-    def decode(prompts):
-        return segmenter.decode(params, features, prompts, model_transform, multimask_output=True)
-
+    view = predictor_view(segmenter)  # the step of a predictor's click: the diagonal of its grid
+    step_hw = click_step_hw(segmenter, transform) if view is None else jnp.asarray(view.grid_hw(gt.shape), jnp.int32)
+    ctx = click_instance(transform, gt, jnp.asarray(width, jnp.int32), config, maximise, step_hw)
     n_clicks = config.n_clicks
+    if view is None:  # q in the model frame, decode on the frame
+        model_transform = unit_scale(transform)
+
+        def decode(prompts):
+            return segmenter.decode(params, features, prompts, model_transform, multimask_output=True)
+
+        def attempt(state, setup):
+            return decode_attempt(segmenter, decode, ctx, config, state, setup, reported_click)
+
+        feedback0 = jnp.zeros(segmenter.feedback_shape(tuple(gt.shape)), jnp.float32)
+    else:  # q in the crop of the family's predictor
+        attempt = functools.partial(predictor_attempt, view, params, features, ctx, config)
+        feedback0 = view.initial_state(tuple(gt.shape))
     state0 = ClickState(points=jnp.zeros((n_clicks, 2), jnp.float32),
                         labels=jnp.full((n_clicks,), PADDING_LABEL, jnp.int32), not_clicked=jnp.ones(gt.shape, bool),
-                        probability=jnp.zeros(gt.shape, jnp.float32),
-                        feedback=jnp.zeros(segmenter.feedback_shape(tuple(gt.shape)), jnp.float32))
-    final, records = lax.scan(lambda state, index: one_click(segmenter, decode, ctx, config, state, index),
+                        probability=jnp.zeros(gt.shape, jnp.float32), feedback=feedback0)
+    final, records = lax.scan(lambda state, index: one_click(segmenter, attempt, ctx, config, state, index,
+                                                             frame_distance=view is None),
                               state0, jnp.arange(n_clicks, dtype=jnp.int32))
     iterates = records.pop("iterates", None)
     mask = ((final.probability > config.thr) & ctx.region) if config.return_mask else None
@@ -553,7 +555,8 @@ class ClickProtocol:
 
 def make_click_batch_fn(segmenter, params, *, mode: str = "minmax", n_clicks: int = DEFAULT_N_CLICKS,
                         n_opt_steps: int = DEFAULT_N_OPT_STEPS, lr_mult: float = DEFAULT_LR_MULT,
-                        thr: float | None = None, **options) -> BatchProgram:
+                        thr: float | None = None, predictor: str = "authors", dataset: str | None = None,
+                        **options) -> BatchProgram:
     """A batch function for `jaxseg_robust.runner.engine.run` running one click protocol.
 
     Args:
@@ -567,6 +570,10 @@ def make_click_batch_fn(segmenter, params, *, mode: str = "minmax", n_clicks: in
         baseline click + 10 Adam updates); ignored by "baseline".
       lr_mult: ``--lr-mult`` (lr = lr_mult 5 sqrt(H^2 + W^2) / (400 sqrt 2)).
       thr: probability threshold (default: ``segmenter.probability_threshold``).
+      predictor: "authors" (click-map models attacked through the authors' predictor, zoom-in
+        and flip, `jaxseg_robust.models.base.with_predictor`; ``dataset`` "DAVIS" picks its larger
+        zoom) or "off" (the network once on the whole frame). No effect on the SAM family.
+      dataset: see ``predictor``.
       **options: any other `TetrisConfig` field (radius, tolerance,
         dice_weight, location_threshold, coverage, samples_per_axis,
         mask_input, optimise_first_click, acceptance, record_trajectory,
@@ -589,6 +596,9 @@ def make_click_batch_fn(segmenter, params, *, mode: str = "minmax", n_clicks: in
     """
     if mode not in BATCH_MODES:
         raise ValueError(f"mode must be one of {BATCH_MODES}; got {mode!r}")
+    if predictor not in PREDICTOR_MODES:
+        raise ValueError(f"predictor must be one of {PREDICTOR_MODES}; got {predictor!r}")
+    segmenter = with_predictor(segmenter, predictor == "authors", dataset)
     known = {field.name for field in dataclasses.fields(TetrisConfig)} - {"mode", "n_clicks", "n_opt_steps",
                                                                         "lr_mult", "thr"}
     unknown = set(options) - known
@@ -610,6 +620,6 @@ __all__ = [
     "MASK_INPUT_MODES", "ACCEPTANCE_MODES", "TetrisConfig", "tetris_learning_rate", "location_error_region",
     "location_distance_map", "location_loss", "ClickIterates", "ClickTrajectory", "ClickInstance", "ClickState",
     "ClickSetup", "BestIterate", "click_prompts", "reported_click", "click_instance", "click_setup",
-    "click_objective", "consider_iterate", "optimise_click", "one_click", "click_trajectory", "tetris_min_max",
+    "consider_iterate", "optimise_click", "one_click", "click_trajectory", "tetris_min_max",
     "trajectory_outputs", "ClickProtocol", "make_click_batch_fn",
 ]

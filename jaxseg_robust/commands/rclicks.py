@@ -131,8 +131,13 @@ def _isegm_family(args, model) -> str:
     return model.segmenter.config.family
 
 
-def with_authors_predictor(args, model, instances):
-    """``model`` with the RClicks authors' predictor for a click-map model (§5.5), and its settings.
+def with_authors_predictor(args, model, instances, options_of=None, command: str = "RClicks"):
+    """``model`` with the authors' predictor for a click-map model, and its settings.
+
+    Args:
+      options_of: ``(family, dataset) -> IsegmOptions`` (default `isegm.rclicks_options`, §5.5;
+        TETRIS: `isegm.authors_options`, docs/protocols/tetris.md "Families").
+      command: the protocol's name in the error message.
 
     Returns:
       (the `LoadedModel`, JSON-able options or None when the model is not a click-map
@@ -143,16 +148,19 @@ def with_authors_predictor(args, model, instances):
     """
     segmenter = model.segmenter
     if args.isegm == "off" or not hasattr(segmenter, "evaluation"):
+        if hasattr(segmenter, "evaluation") and segmenter.evaluation is not None:
+            model = dataclasses.replace(model, segmenter=dataclasses.replace(segmenter, evaluation=None))
         return model, None
     from jaxseg_robust.models.clickmap.isegm import rclicks_options  # noqa: PLC0415
 
+    options_of = rclicks_options if options_of is None else options_of
     davis = {instance.dataset.upper() == "DAVIS" for instance in instances}
     if len(davis) > 1:
-        raise CommandError("the RClicks authors zoom DAVIS to a larger size than the other datasets (RITM 600 vs "
-                           "400, SimpleClick / CFR-ICL 672 vs 448) and one run has one size: evaluate DAVIS in its "
-                           "own --out (or pass --isegm off)")
+        raise CommandError(f"the {command} authors zoom DAVIS to a larger size than the other datasets (RITM 600 "
+                           "vs 400, SimpleClick / CFR-ICL 672 vs 448) and one run has one size: evaluate DAVIS "
+                           "in its own --out (or pass --isegm off)")
     family = _isegm_family(args, model)
-    options = rclicks_options(family, "DAVIS" if True in davis else None)
+    options = options_of(family, "DAVIS" if True in davis else None)
     model = dataclasses.replace(model, segmenter=dataclasses.replace(segmenter, evaluation=options))
     return model, {"family": family, **dataclasses.asdict(options)}
 

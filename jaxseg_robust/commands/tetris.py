@@ -119,6 +119,11 @@ def register(subparsers) -> None:
                        help="iterate acceptance rule: the code's lexicographic (IoU, BIoU) (default) or the paper's")
     add_flag(group, "--fixed-first-click", action="store_true",
              help="the paper's reading: click 1 is the baseline click (not optimised)")
+    add_flag(group, "--isegm", choices=("authors", "off"), default="authors",
+             help="click-map models (RITM, SimpleClick, CFR-ICL): 'authors' attacks through the TETRIS authors' "
+                  "predictor (zoom-in crop, flip averaging, CFR-ICL's cascade; docs/protocols/tetris.md "
+                  "'Families'), 'off' the network once on the whole image (default %(default)s; recorded in "
+                  "the manifest)")
     add_flag(group, "--record-iterates", action="store_true",
              help="store the per-iterate log (points, losses, IoUs of every step) in the records")
     add_flag(group, "--target-iou", type=finite_float, default=None, metavar="T",
@@ -237,6 +242,15 @@ def finalize_payload(run_dir, clicks: int, process_index: int = 0):
     return finalize
 
 
+def with_attack_predictor(args, model: LoadedModel, instances):
+    """(``model`` with the TETRIS authors' predictor for a click-map model, JSON-able options or None):
+    `isegm.authors_options` by family and dataset unless ``--isegm off``; SAM-family models unchanged."""
+    from jaxseg_robust.commands.rclicks import with_authors_predictor  # noqa: PLC0415
+    from jaxseg_robust.models.clickmap.isegm import authors_options  # noqa: PLC0415
+
+    return with_authors_predictor(args, model, instances, options_of=authors_options, command="TETRIS")
+
+
 def process_index_of(args) -> int:
     """This process's index among the run's processes (names its timings file)."""
     if getattr(args, "process_index", None) is not None:
@@ -264,12 +278,14 @@ def execute(args) -> tuple:
     attack, baseline = tetris_configs(args)
     instances = load_instances(args)
     startup_line(f"loading {args.model} ...")
-    model = load_model_of(args)
+    model, isegm = with_attack_predictor(args, load_model_of(args), instances)
     threshold = resolve_threshold(args.thresh, model)  # the family's unless --thresh says otherwise
     attack, baseline = (None if config is None else dataclasses.replace(config, thr=threshold)
                         for config in (attack, baseline))
     batch_fn = make_batch_function(model, args.mode, attack, baseline, announce=startup_line)
     config = protocol_config(args, model, attack, baseline)
+    if isegm is not None:
+        config["isegm"] = isegm
     finalize = finalize_payload(args.out, clicks_per_instance(attack, baseline, args.mode), process_index_of(args))
     summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
                            finalize=with_image_source(finalize))

@@ -132,6 +132,27 @@ def click_step_hw(segmenter, transform: Transform) -> jnp.ndarray:
     return jnp.asarray(transform.original_hw if method is None else method(transform), jnp.int32)
 
 
+def predictor_view(segmenter):
+    """The family's predictor as a click attack sees it, or None (the attack runs ``decode`` on the
+    frame: the SAM family and click-map models without their evaluation machinery).
+
+    A click-map segmenter with the authors' predictor (``evaluation``) returns a
+    view whose crop, prediction and click mapping the TETRIS attack optimises
+    through (`jaxseg_robust.models.clickmap.attack_view.PredictorView`;
+    docs/protocols/tetris.md, "Families").
+    """
+    method = getattr(segmenter, "predictor_view", None)
+    return None if method is None else method()
+
+
+def with_predictor(segmenter, use: bool, dataset: str | None = None):
+    """The segmenter with (``use``) or without its family's evaluation predictor for a click attack
+    (``segmenter.with_predictor``: click-map models, the authors' zoom-in and flip,
+    docs/protocols/tetris.md "Families"); a segmenter without that member is returned as it is."""
+    method = getattr(segmenter, "with_predictor", None)
+    return segmenter if method is None else method(use, dataset)
+
+
 def resets_feedback(segmenter) -> bool:
     """Whether the authors' wrapper drops the mask input while isegm's padded point tensor has two
     slots (``max(#positive, #negative) <= 1``): the SAM-family wrappers do (fallback True); click-map

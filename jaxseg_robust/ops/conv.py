@@ -14,7 +14,8 @@ transpose rule runs, so the gradient convolution is already in the canonical
 ``01io`` form wherever it is compiled.
 
 Grouped convolutions and input (lhs) dilation use ``lax.conv_general_dilated``
-unchanged. Used by the dense models' convolutions (`models/dense/layers.conv2d`).
+unchanged. Used by the dense models' convolutions (`models/dense/layers.conv2d`) and the
+click-map models' (`models/clickmap/layers.Conv2d`).
 """
 
 from __future__ import annotations

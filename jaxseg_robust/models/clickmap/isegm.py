@@ -260,17 +260,33 @@ def predict_click(segmenter, params, image: jnp.ndarray, original_hw: jnp.ndarra
     Returns:
       (prob f32[Hf, Wf], new `IsegmState`).
     """
-    cascade = options.cascade
-
     def step(st):
         return predict_step(segmenter, params, image, original_hw, points, labels, st, options)
 
     prob, state1 = step(state)
+    return cascade_refine(segmenter, params, image, original_hw, points, labels, num_clicks, prob, state1,
+                          options)
+
+
+def cascade_refine(segmenter, params, image: jnp.ndarray, original_hw: jnp.ndarray, points: jnp.ndarray,
+                   labels: jnp.ndarray, num_clicks, prob: jnp.ndarray, state: IsegmState,
+                   options: IsegmOptions):
+    """CFR-ICL's cascade passes after a first pass that returned ``prob`` f32[Hf, Wf] and ``state``.
+
+    Up to ``steps - 1`` more `predict_step` passes while ``num_clicks <=
+    cascade.clicks``, adaptive as `predict_click` says; the identity without
+    a cascade. Also what a click attack runs after its accepted (optimised)
+    first pass (docs/protocols/tetris.md, "Families").
+
+    Returns:
+      (prob f32[Hf, Wf], `IsegmState`).
+    """
+    cascade = options.cascade
     if cascade is None or cascade.steps == 1:
-        return prob, state1
+        return prob, state
     if isinstance(num_clicks, int):
         if num_clicks > cascade.clicks:
-            return prob, state1
+            return prob, state
         refine = jnp.asarray(True)
     else:
         refine = jnp.asarray(num_clicks) <= cascade.clicks
@@ -281,13 +297,13 @@ def predict_click(segmenter, params, image: jnp.ndarray, original_hw: jnp.ndarra
 
     def body(carry):
         i, prob_prev, st, _ = carry
-        prob_new, st_new = step(st)
+        prob_new, st_new = predict_step(segmenter, params, image, original_hw, points, labels, st, options)
         changed = jnp.sum((prob_new > cascade.threshold) != (prob_prev > cascade.threshold))
         done = jnp.asarray(cascade.adaptive) & (changed <= cascade.max_changed)
         return i + 1, prob_new, st_new, done
 
     _, prob, state_out, _ = jax.lax.while_loop(
-        cond, body, (jnp.int32(0), prob, state1, jnp.asarray(False)))
+        cond, body, (jnp.int32(0), prob, state, jnp.asarray(False)))
     return prob, state_out
 
 

@@ -7,7 +7,9 @@ are ported with Flax parameter paths that mirror the torch module paths
 are short and obviously one-to-one. Leaf names are torch's:
 
 * `Conv2d`: ``weight`` f32[kh, kw, in/groups, out] (torch [out, in, kh, kw]
-  transposed), ``bias`` f32[out]; explicit symmetric zero padding;
+  transposed), ``bias`` f32[out]; explicit symmetric zero padding; its input
+  gradient in XLA:CPU's fast form inside loops (`jaxseg_robust.ops.conv`: the
+  TETRIS attack differentiates through the network inside ``scan``);
 * `ConvTranspose2d` (kernel = stride, no padding): ``weight`` f32[in, out, k, k]
   kept in torch's layout, ``bias``;
 * `BatchNorm2d` (eval mode: running statistics, eps 1e-5): ``weight``, ``bias``,
@@ -30,6 +32,7 @@ import numpy as np
 from flax import traverse_util
 
 from jaxseg_robust.models.sam.random_init import _seed
+from jaxseg_robust.ops.conv import conv_general_dilated
 
 BATCHNORM_EPS = 1e-5
 
@@ -61,7 +64,7 @@ class Conv2d(nn.Module):
         lead = x.shape[:-3]
         x4 = x.reshape((-1,) + x.shape[-3:])
         p = self.padding
-        y = jax.lax.conv_general_dilated(
+        y = conv_general_dilated(
             x4, weight.astype(x.dtype), (self.stride, self.stride), ((p, p), (p, p)),
             dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=self.groups)
         if self.bias:

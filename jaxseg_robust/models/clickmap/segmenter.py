@@ -53,8 +53,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxseg_robust.models.base import Prediction, Transform
+from jaxseg_robust.models.clickmap.attack_view import PredictorView
 from jaxseg_robust.models.clickmap.encoding import ENCODINGS, coord_features
-from jaxseg_robust.models.clickmap.isegm import IsegmOptions, IsegmState, interactive_predict
+from jaxseg_robust.models.clickmap.isegm import IsegmOptions, IsegmState, authors_options, interactive_predict
 from jaxseg_robust.models.clickmap.layers import random_params
 from jaxseg_robust.models.ritm.config import RitmConfig
 from jaxseg_robust.models.simpleclick.config import SimpleClickConfig
@@ -182,9 +183,27 @@ class ClickMapSegmenter:
 
     def click_step_hw(self, transform: Transform) -> jnp.ndarray:
         """i32[2] the network input's (h, w): the authors' TETRIS step for click-map models
-        (``5 sqrt(h^2 + w^2) / (400 sqrt 2)`` of the tensor the clicks are rendered on; here the
-        image itself, ``resized_hw``; docs/protocols/tetris.md)."""
+        (``5 sqrt(h^2 + w^2) / (400 sqrt 2)`` of the tensor the clicks are rendered on: the zoom-in's
+        crop with ``evaluation``'s zoom-in, else the image itself, ``resized_hw``;
+        docs/protocols/tetris.md)."""
+        zoom = None if self.evaluation is None else self.evaluation.zoom_in
+        if zoom is not None:
+            return jnp.asarray(zoom.target_hw, jnp.int32)
         return jnp.asarray(transform.resized_hw, jnp.int32)
+
+    def predictor_view(self) -> PredictorView | None:
+        """The authors' predictor as a click attack sees it (`attack_view.PredictorView`), or None
+        without ``evaluation`` (the attack then runs ``decode`` on the whole frame)."""
+        return None if self.evaluation is None else PredictorView(self, self.evaluation)
+
+    def with_predictor(self, use: bool, dataset: str | None = None) -> ClickMapSegmenter:
+        """This segmenter with the authors' predictor (``use``; `isegm.authors_options` of its family
+        and ``dataset`` unless ``evaluation`` is already set) or without it (`models.base.with_predictor`)."""
+        if not use:
+            return dataclasses.replace(self, evaluation=None)
+        if self.evaluation is not None:
+            return self
+        return dataclasses.replace(self, evaluation=authors_options(self.config.family, dataset))
 
     def differentiable_clicks(self) -> ClickMapSegmenter:
         """This segmenter with soft disks: ``decode`` differentiable w.r.t. the click coordinates."""
