@@ -154,7 +154,7 @@ def test_clickmap_segmenter_evaluation_switches_state_and_frame_policy():
 
 
 def test_rclicks_command_gives_click_map_models_the_authors_predictor(tmp_path):
-    """``jaxseg-robust rclicks`` (`commands.rclicks.with_authors_predictor`): the RClicks options by family and
+    """``jaxseg-robust rclicks`` (`commands.isegm_predictor.with_authors_predictor`): the RClicks options by family and
     dataset, CFR-ICL recognised by name, ``--isegm off``, DAVIS mixed with others refused, SAM untouched."""
     import argparse  # noqa: PLC0415
 
@@ -162,7 +162,8 @@ def test_rclicks_command_gives_click_map_models_the_authors_predictor(tmp_path):
 
     from jaxseg_robust.commands.flags import CommandError  # noqa: PLC0415
     from jaxseg_robust.commands.loading import LoadedModel  # noqa: PLC0415
-    from jaxseg_robust.commands.rclicks import with_authors_predictor  # noqa: PLC0415
+    from jaxseg_robust.commands.isegm_predictor import with_authors_predictor  # noqa: PLC0415
+    from jaxseg_robust.models.clickmap.isegm import rclicks_options  # noqa: PLC0415
     from jaxseg_robust.models.simpleclick.config import TINY as SC_TINY  # noqa: PLC0415
 
     def loaded(segmenter, name):
@@ -172,18 +173,19 @@ def test_rclicks_command_gives_click_map_models_the_authors_predictor(tmp_path):
         return [argparse.Namespace(dataset=name) for name in datasets]
 
     args = argparse.Namespace(isegm="authors", model="ritm_tiny")
-    model, settings = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"))
+    model, settings = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"),
+                                             rclicks_options)
     assert model.segmenter.evaluation == isegm.rclicks_options("ritm") and settings["family"] == "ritm"
-    model, _ = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS"))
+    model, _ = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS"), rclicks_options)
     assert model.segmenter.evaluation.zoom_in.target_hw == (600, 600)
     args_cfr = argparse.Namespace(isegm="authors", model="cfr_icl_vit_h")
     model, settings = with_authors_predictor(args_cfr, loaded(ClickMapSegmenter(SC_TINY), "cfr_icl_vit_h"),
-                                             instances("GrabCut"))
+                                             instances("GrabCut"), rclicks_options)
     assert settings["family"] == "cfr_icl" and model.segmenter.evaluation.cascade.steps == 2
     with pytest.raises(CommandError, match="DAVIS"):
-        with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS", "GrabCut"))
+        with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS", "GrabCut"), rclicks_options)
     off = argparse.Namespace(isegm="off", model="ritm_tiny")
-    model, settings = with_authors_predictor(off, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"))
+    model, settings = with_authors_predictor(off, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"), rclicks_options)
     assert model.segmenter.evaluation is None and settings is None
     sam_like = loaded(SmallClickModel(), "sam_tiny")  # a segmenter without `evaluation` is left as it is
-    assert with_authors_predictor(args, sam_like, instances("DAVIS", "GrabCut")) == (sam_like, None)
+    assert with_authors_predictor(args, sam_like, instances("DAVIS", "GrabCut"), rclicks_options) == (sam_like, None)

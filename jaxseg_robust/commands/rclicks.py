@@ -28,6 +28,7 @@ import numpy as np
 
 from jaxseg_robust.commands import flags, loading, running
 from jaxseg_robust.commands.flags import CommandError
+from jaxseg_robust.commands.isegm_predictor import with_authors_predictor
 from jaxseg_robust.exit_codes import EXIT_FAILURE
 
 COMMAND = "rclicks"
@@ -117,54 +118,6 @@ def _user_clicks(args, instances):
     return clicks
 
 
-def _isegm_family(args, model) -> str:
-    """"cfr_icl" when ``--model`` or the converted checkpoint's file name says ICL, else the config's family."""
-    import json  # noqa: PLC0415
-
-    names = [str(args.model)]
-    config_file = pathlib.Path(model.source) / "config.json"
-    if config_file.is_file():
-        source = json.loads(config_file.read_text()).get("source") or {}
-        names.append(str(source.get("path", "")))
-    if any("icl" in pathlib.Path(name).name.lower() for name in names):
-        return "cfr_icl"
-    return model.segmenter.config.family
-
-
-def with_authors_predictor(args, model, instances, options_of=None, command: str = "RClicks"):
-    """``model`` with the authors' predictor for a click-map model, and its settings.
-
-    Args:
-      options_of: ``(family, dataset) -> IsegmOptions`` (default `isegm.rclicks_options`, §5.5;
-        TETRIS: `isegm.authors_options`, docs/protocols/tetris.md "Families").
-      command: the protocol's name in the error message.
-
-    Returns:
-      (the `LoadedModel`, JSON-able options or None when the model is not a click-map
-      model or ``--isegm off``).
-
-    Raises:
-      CommandError: the datasets need different zoom sizes (DAVIS with others).
-    """
-    segmenter = model.segmenter
-    if args.isegm == "off" or not hasattr(segmenter, "evaluation"):
-        if hasattr(segmenter, "evaluation") and segmenter.evaluation is not None:
-            model = dataclasses.replace(model, segmenter=dataclasses.replace(segmenter, evaluation=None))
-        return model, None
-    from jaxseg_robust.models.clickmap.isegm import rclicks_options  # noqa: PLC0415
-
-    options_of = rclicks_options if options_of is None else options_of
-    davis = {instance.dataset.upper() == "DAVIS" for instance in instances}
-    if len(davis) > 1:
-        raise CommandError(f"the {command} authors zoom DAVIS to a larger size than the other datasets (RITM 600 "
-                           "vs 400, SimpleClick / CFR-ICL 672 vs 448) and one run has one size: evaluate DAVIS "
-                           "in its own --out (or pass --isegm off)")
-    family = _isegm_family(args, model)
-    options = options_of(family, "DAVIS" if True in davis else None)
-    model = dataclasses.replace(model, segmenter=dataclasses.replace(segmenter, evaluation=options))
-    return model, {"family": family, **dataclasses.asdict(options)}
-
-
 @functools.lru_cache(maxsize=8)
 def _first_round_program(click_model):
     import jax  # noqa: PLC0415
@@ -247,6 +200,7 @@ def _run(args) -> int:
     from jaxseg_robust.reports.rclicks import to_markdown, write_tables  # noqa: PLC0415
     from jaxseg_robust.runner.engine import recorded_counts  # noqa: PLC0415
     from jaxseg_robust.runner.records import read_run_records  # noqa: PLC0415
+    from jaxseg_robust.models.clickmap.isegm import rclicks_options  # noqa: PLC0415
     from jaxseg_robust.runner.sharding import data_mesh, replicate  # noqa: PLC0415
 
     if args.tetris_max_side is None:
@@ -254,7 +208,8 @@ def _run(args) -> int:
     instances = loading.load_instances(args)  # data and clicks first: their errors come before any model load
     user_clicks = _user_clicks(args, instances)
     mesh = data_mesh()
-    model, isegm = with_authors_predictor(args, loading.load_model_of(args, mesh=mesh), instances)
+    model, isegm = with_authors_predictor(args, loading.load_model_of(args, mesh=mesh), instances,
+                                          options_of=rclicks_options)
     loaded = _load_click_model(args)
     try:
         slots = user_slot_count(len(c) for c in user_clicks.values()) if user_clicks else 0
