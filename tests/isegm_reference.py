@@ -303,8 +303,9 @@ RITM_CLICK_GAIN = 100.0
 FOREGROUND_SHARE = {"ritm": 0.03, "simpleclick": 0.15, "cfricl": 0.15}
 # SimpleClick's click patches enter the ViT added to the image's patch embedding; x 8 (as CFR-ICL)
 # moved the logits near a click by 0.03 and the NoC loop predicted nothing after click 1 (ViT-xT,
-# seed 12: IoU 0.115, then 0); x 256 with the head oriented towards the click gives IoUs that follow
-# the clicks (0.125 -> 0.326 over 10 clicks, measured).
+# seed 12: IoU 0.115, then 0); the disk channels x 256 with the head oriented towards the click give
+# IoUs that follow the clicks (measured over 10 clicks: ViT-xT seed 12 0.09-0.24, ViT-B seed 15
+# 0.13-0.385).
 SIMPLECLICK_CLICK_GAIN = 256.0
 
 
@@ -327,10 +328,9 @@ def sharpen_clicks_(model, kind: str, image, target: int) -> None:
 
     With plain random weights the prediction hardly depends on the clicks
     (covering all or none of the image), so every ROI would be the whole
-    image. The click input's weights are scaled up (SimpleClick: the previous-mask channel of
-    the click patch embedding x 8, its disk channels x `SIMPLECLICK_CLICK_GAIN`, then the head's
-    sign chosen so that a click raises the logits within 40 px of it more than elsewhere; for
-    CFR-ICL only its disk channels x 8, the previous-mask channel left
+    image. The click input's weights are scaled up (SimpleClick: the disk channels of the click
+    patch embedding x `SIMPLECLICK_CLICK_GAIN`, then the head's sign chosen so that a click
+    raises the logits within 40 px of it more than elsewhere; for CFR-ICL only its disk channels x 8, the previous-mask channel left
     as drawn: scaled too, the mask fed back through the cascade turned 89 % of the image
     foreground (seed 13), while SimpleClick without it stays near IoU 0.11 (seed 12); RITM: ``ScaleLayer`` to 1 and the click maps' 1x1 conv
     x `RITM_CLICK_GAIN`, then the sign of the output layer chosen so that a
@@ -360,9 +360,9 @@ def sharpen_clicks_(model, kind: str, image, target: int) -> None:
             model.patch_embed_coords.proj.weight[:, 1:].mul_(8.0)
             bias = model.head.conv_seg.bias
         else:
-            weight = model.patch_embed_coords.proj.weight
-            weight[:, :1].mul_(8.0)  # the previous mask
-            weight[:, 1:].mul_(SIMPLECLICK_CLICK_GAIN)
+            # the disk channels only: the previous mask (channel 0) scaled too held ViT-B's prediction
+            # fixed after click 1 (seed 15, IoU 0.106-0.108 at gains 8 to 256)
+            model.patch_embed_coords.proj.weight[:, 1:].mul_(SIMPLECLICK_CLICK_GAIN)
             head = model.head.conv_seg
             moved = (_first_click_logits(model, image, target, True)
                      - _first_click_logits(model, image, target, False))[0, 0]
