@@ -84,8 +84,10 @@ F32_NOISE_FACTOR = 5.0
 F64_TORCH_RTOL = 1e-12
 FD_STEP = 1e-5  # pixels; see the module docstring for why this step
 # ReLU kinks crossed within the step + float64 rounding of L / step; measured 9.7e-7 (HRNet-18s,
-# 240x427), 2.3e-8 (ViT-xT, 448x448).
-FD_RTOL = 5e-6
+# 240x427), 6.1e-6 (HRNet-18, 240x427: the wider network has more kinks near the clicks; at a
+# 1e-6 step its rounding term gives 6.1e-5), 2.3e-8 (ViT-xT), 4.0e-8 (ViT-B, 448x448). The exact
+# check is the float64 comparison with torch above (8.5e-14 on HRNet-18).
+FD_RTOL = 1e-5
 
 
 @pytest.mark.parametrize("kind,variant,seed,sizes", LOGIT_CASES)

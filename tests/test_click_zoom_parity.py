@@ -84,4 +84,9 @@ def test_zoom_in_matches_authors():
             prev, has = pasted, jnp.asarray(True)
     print(f"\nZOOM PARITY: {n_roi} identical ROIs; max |diff| crop {worst['crop']:.3g}, "
           f"clicks {worst['clicks']:.3g}, pasted map {worst['paste']:.3g}")
-    assert worst["crop"] <= 1e-5 and worst["clicks"] <= 1e-4 and worst["paste"] <= 1e-5
+    # crop: torch's align_corners kernel computes the source coordinate ``scale * i`` in float32,
+    # whose rounding at the cases' coordinates (up to ~900 px) is 6.1e-5 px, and the cases' images
+    # are uniform noise (neighbours differ by up to 1), so values move by up to ~6e-5 (measured
+    # 6.05e-5); our taps are exact. clicks: ours are mapped in float32 (an offset and a scale of
+    # coordinates up to ~900 px, 6.1e-5 px per rounding), the authors' in float64: measured 1.22e-4.
+    assert worst["crop"] <= 1.25e-4 and worst["clicks"] <= 2.5e-4 and worst["paste"] <= 1e-5
