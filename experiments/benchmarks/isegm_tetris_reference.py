@@ -203,8 +203,7 @@ def tetris_trajectory(model, image, gt, *, maximise: bool, n_clicks: int = 10, n
     for _ in range(n_clicks):
         positive, row, col = next_click(gt, prob_np > thr, not_clicked)
         prev = prob_np > 0.5
-        region = (gt & ~prev) if positive else (~gt & prev)
-        dt = torch.from_numpy(cv2_distance(~region)).to(device)
+        dt = error_distance(gt, prev, positive, device)
         channel = 0 if positive else 1
         q = torch.tensor([float(col), float(row)], device=device, requires_grad=True)
         optimizer = torch.optim.Adam([q], lr=lr)
@@ -304,8 +303,7 @@ def predictor_trajectory(model, image, gt, *, target_hw, maximise: bool, n_click
                 fixed[k] = torch.clamp(fixed[k] + disk, 0, 1)
         gt_c = g[0, 0].cpu().numpy().astype(np.uint8)
         prev_c = ((0.5 * (prev[0] + torch.flip(prev[1], dims=[2])))[0].cpu().numpy() > 0.5)
-        region = (gt_c.astype(bool) & ~prev_c) if positive else (~gt_c.astype(bool) & prev_c)
-        dt = torch.from_numpy(cv2_distance(~region)).to(device)
+        dt = error_distance(gt_c.astype(bool), prev_c, positive, device)
         q = torch.tensor([tclicks[-1].coords[1], tclicks[-1].coords[0]], dtype=torch.float32, device=device,
                          requires_grad=True)
         optimizer = torch.optim.Adam([q], lr=lr_mult * 5 * math.hypot(h, w) / (400 * math.sqrt(2)))
@@ -350,3 +348,11 @@ def cv2_distance(zero_where):
     import cv2  # noqa: PLC0415
 
     return cv2.distanceTransform(zero_where.astype(np.uint8), cv2.DIST_L2, 0)
+
+
+def error_distance(gt, prev, positive: bool, device):
+    """The location loss's distance map: `cv2_distance` of the complement of the click's error
+    region (false negatives for a positive click, false positives for a negative one); bool
+    [h, w] masks in, a float tensor [h, w] on ``device`` out."""
+    region = (gt & ~prev) if positive else (~gt & prev)
+    return _torch().from_numpy(cv2_distance(~region)).to(device)
