@@ -254,3 +254,18 @@ def test_noc_loop_on_a_padded_frame(simpleclick):
         assert out["ious"].shape == (3,) and bool(out["positive"][0])
         assert np.all((np.asarray(out["ious"]) >= 0) & (np.asarray(out["ious"]) <= 1))
         assert float(out["prob"][60:, :].max()) <= 1.0
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="fusion boundaries are CPU-only")
+def test_hrnet_residual_streams_are_not_recomputed_per_fusion(ritm):
+    """Each HRNet block output is a fusion boundary: no fused computation of the click gradient chains
+    more than two ReLUs (19 in the tiny RITM without the boundaries, ~40 in HRNet-18)."""
+    from compiled_hlo import largest_relu_chain  # noqa: PLC0415
+
+    seg = dataclasses.replace(ritm.segmenter, click_encoding="soft")
+    size = 64
+    labels, prev = jnp.asarray([1, 0]), jnp.zeros((size, size))
+    grad = jax.jit(jax.grad(lambda p, prm, x: jnp.sum(jax.nn.sigmoid(seg.grid_logits(prm, x, p, labels, prev)))))
+    text = grad.lower(jnp.asarray([[20.0, 30.0], [40.0, 10.0]]), ritm.params,
+                      jnp.zeros((size, size, 3))).compile().as_text()
+    assert largest_relu_chain(text) <= 2

@@ -37,8 +37,12 @@ def test_values_and_gradients_match_lax(kernel, stride, dilation, padding):
     (value, y), grads = jax.value_and_grad(lambda x, w: loss(conv_general_dilated, x, w), (0, 1), has_aux=True)(x, w)
     (value_ref, y_ref), grads_ref = jax.value_and_grad(lambda x, w: loss(lax.conv_general_dilated, x, w), (0, 1),
                                                        has_aux=True)(x, w)
-    np.testing.assert_array_equal(np.asarray(y), np.asarray(y_ref))  # the forward pass is the same op
-    assert float(value) == float(value_ref)
+    if kernel == 1:  # a pointwise conv is a matrix product: another summation order
+        np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(float(value), float(value_ref), rtol=1e-6)
+    else:
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(y_ref))  # the forward pass is the same op
+        assert float(value) == float(value_ref)
     for got, want in zip(grads, grads_ref):  # another conv layout: summation order may differ
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
@@ -61,3 +65,36 @@ def test_input_gradient_conv_is_canonical_inside_a_loop():
     labels = re.findall(r"convolution\(.*?dim_labels=(\S+?),", text)
     assert labels, "no convolution in the compiled program"
     assert all("_01io->" in label for label in labels), labels
+
+
+@pytest.mark.parametrize("stride, padding", [((1, 1), "VALID"), ((2, 2), "SAME"), ((3, 2), ((0, 0), (0, 0)))])
+def test_pointwise_conv_is_a_matrix_product(stride, padding):
+    """1 x 1 unpadded NHWC convs compile to a dot (no convolution), strided ones on the strided pixels."""
+    x = jax.random.normal(jax.random.key(2), (2, 9, 7, 5))
+    w = jax.random.normal(jax.random.key(3), (1, 1, 5, 3))
+    numbers = ("NHWC", "HWIO", "NHWC")
+    got = conv_general_dilated(x, w, stride, padding, dimension_numbers=numbers)
+    want = lax.conv_general_dilated(x, w, stride, padding, dimension_numbers=numbers,
+                                    precision=lax.Precision.HIGHEST)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    grad = jax.jit(jax.grad(lambda v, k: jnp.sum(jnp.sin(conv_general_dilated(v, k, stride, padding,
+                                                                               dimension_numbers=numbers))),
+                            (0, 1)))
+    text = grad.lower(x, w).compile().as_text()
+    assert "convolution(" not in text
+    assert re.search(r"\bdot\(", text) or "__xnn" in text or "ynn" in text, "no matrix product compiled"
+
+
+def test_padded_or_grouped_pointwise_keeps_the_convolution():
+    """A padded 1 x 1 conv changes the output size and a grouped one mixes no groups: both stay lax convs."""
+    x = jax.random.normal(jax.random.key(4), (1, 6, 6, 4))
+    numbers = ("NHWC", "HWIO", "NHWC")
+    padded = conv_general_dilated(x, jnp.ones((1, 1, 4, 2)), (1, 1), ((1, 1), (1, 1)), dimension_numbers=numbers)
+    assert padded.shape == (1, 8, 8, 2)
+    np.testing.assert_array_equal(np.asarray(padded[:, 0]), 0.0)
+    grouped = conv_general_dilated(x, jnp.ones((1, 1, 2, 4)), (1, 1), "VALID", dimension_numbers=numbers,
+                                   feature_group_count=2)
+    want = lax.conv_general_dilated(x, jnp.ones((1, 1, 2, 4)), (1, 1), "VALID", dimension_numbers=numbers,
+                                    feature_group_count=2)
+    np.testing.assert_array_equal(np.asarray(grouped), np.asarray(want))

@@ -13,8 +13,11 @@ ResNet-50 per iteration. Here the kernel is transposed explicitly before the
 transpose rule runs, so the gradient convolution is already in the canonical
 ``01io`` form wherever it is compiled.
 
-Grouped convolutions and input (lhs) dilation use ``lax.conv_general_dilated``
-unchanged. Used by the dense models' convolutions (`models/dense/layers.conv2d`) and the
+A pointwise (1 x 1, unpadded) convolution on NHWC / HWIO is computed as a
+strided slice and a matrix product: XLA:CPU's dot runs it about twice as fast
+as its convolution kernel (docs/benchmarking.md), and both gradients are
+products too. Grouped convolutions and input (lhs) dilation use
+``lax.conv_general_dilated`` unchanged. Used by the dense models' convolutions (`models/dense/layers.conv2d`) and the
 click-map models' (`models/clickmap/layers.Conv2d`).
 """
 
@@ -33,6 +36,35 @@ def _swap_kernel_features(kernel, numbers: lax.ConvDimensionNumbers):
     return swapped, lax.ConvDimensionNumbers(numbers.lhs_spec, rhs_spec, numbers.out_spec)
 
 
+_NHWC = lax.ConvDimensionNumbers((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
+
+
+def _is_pointwise(lhs, rhs, padding, lhs_dilation, numbers, feature_group_count, batch_group_count) -> bool:
+    """True when the convolution is a 1 x 1 kernel on NHWC / HWIO, unpadded, ungrouped, input undilated."""
+    if numbers != _NHWC or lhs.ndim != 4 or rhs.shape[:2] != (1, 1):
+        return False
+    if feature_group_count != 1 or batch_group_count != 1:
+        return False
+    if lhs_dilation is not None and any(d != 1 for d in lhs_dilation):
+        return False
+    if isinstance(padding, str):
+        return padding in ("VALID", "SAME")  # a 1 x 1 window pads nothing in either mode
+    return all(tuple(pair) == (0, 0) for pair in padding)
+
+
+def pointwise_conv(x, kernel, strides=(1, 1), *, precision=None, preferred_element_type=None):
+    """1 x 1 convolution f32[N, H, W, I], f32[1, 1, I, O] -> f32[N, ceil(H/sh), ceil(W/sw), O].
+
+    Equals ``lax.conv_general_dilated`` with NHWC / HWIO / NHWC numbers and no
+    padding: the strided pixels, times the kernel's [I, O] matrix.
+    """
+    sh, sw = strides
+    if (sh, sw) != (1, 1):
+        x = x[:, ::sh, ::sw, :]
+    return lax.dot_general(x, kernel[0, 0], (((3,), (0,)), ((), ())), precision=precision,
+                           preferred_element_type=preferred_element_type)
+
+
 def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
                          dimension_numbers=None, feature_group_count: int = 1, batch_group_count: int = 1,
                          precision=None, preferred_element_type=None):
@@ -45,6 +77,9 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
         dimension_numbers=numbers, feature_group_count=feature_group_count,
         batch_group_count=batch_group_count, precision=precision, preferred_element_type=preferred_element_type)
     numbers = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+    if _is_pointwise(lhs, rhs, padding, lhs_dilation, numbers, feature_group_count, batch_group_count):
+        return pointwise_conv(lhs, rhs, window_strides, precision=precision,
+                              preferred_element_type=preferred_element_type)
     dilated_input = lhs_dilation is not None and any(d != 1 for d in lhs_dilation)
     if feature_group_count != 1 or batch_group_count != 1 or dilated_input:
         return plain(lhs, rhs, numbers)

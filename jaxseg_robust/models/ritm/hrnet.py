@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jaxseg_robust.models.clickability.resize import upsample_align_corners
 from jaxseg_robust.models.clickmap.layers import BatchNorm2d, Conv2d
 from jaxseg_robust.models.ritm.config import RitmConfig
+from jaxseg_robust.ops.fusion import fusion_boundary
 
 
 def resize_to(x: jnp.ndarray, hw: tuple[int, int]) -> jnp.ndarray:
@@ -27,6 +28,16 @@ def resize_to(x: jnp.ndarray, hw: tuple[int, int]) -> jnp.ndarray:
     if tuple(x.shape[-3:-1]) == tuple(hw):
         return x
     return upsample_align_corners(x, hw, axes=(-3, -2))
+
+
+def block_output(module: nn.Module, x: jnp.ndarray) -> jnp.ndarray:
+    """``x`` behind a fusion boundary anchored on the module's first parameter.
+
+    Every residual block and fuse row ends with one, so XLA:CPU materialises
+    each block output instead of recomputing the whole residual stream in
+    every later fusion (`jaxseg_robust.ops.fusion`).
+    """
+    return fusion_boundary(x, jax.tree.leaves(module.variables["params"])[0])
 
 
 class ConvBN(nn.Module):
@@ -58,7 +69,7 @@ class BasicBlock(nn.Module):
         out = jax.nn.relu(BatchNorm2d(p, name="bn1")(Conv2d(p, p, 3, 1, 1, bias=False,
                                                             name="conv1")(x)))
         out = BatchNorm2d(p, name="bn2")(Conv2d(p, p, 3, 1, 1, bias=False, name="conv2")(out))
-        return jax.nn.relu(out + x)
+        return block_output(self, jax.nn.relu(out + x))
 
 
 class Bottleneck(nn.Module):
@@ -79,7 +90,7 @@ class Bottleneck(nn.Module):
         residual = x
         if self.downsample:
             residual = ConvBN(self.inplanes, q, 1, relu=False, name="downsample")(x)
-        return jax.nn.relu(out + residual)
+        return block_output(self, jax.nn.relu(out + residual))
 
 
 class Branch(nn.Module):
@@ -130,7 +141,7 @@ class FuseRow(nn.Module):
             else:
                 term = DownChain(ch[j], ch[i], i - j, name=str(j))(x)
             y = term if y is None else y + term
-        return jax.nn.relu(y)
+        return block_output(self, jax.nn.relu(y))
 
 
 class FuseLayers(nn.Module):
