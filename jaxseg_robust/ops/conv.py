@@ -17,8 +17,9 @@ A pointwise (1 x 1, unpadded) convolution on NHWC / HWIO is computed as a
 strided slice and a matrix product: XLA:CPU's dot runs it about twice as fast
 as its convolution kernel (docs/benchmarking.md), and both gradients are
 products too. Grouped convolutions and input (lhs) dilation use
-``lax.conv_general_dilated`` unchanged. Used by the dense models' convolutions (`models/dense/layers.conv2d`) and the
-click-map models' (`models/clickmap/layers.Conv2d`).
+``lax.conv_general_dilated`` unchanged. Used by the dense models' convolutions
+(`models/dense/layers.conv2d`) and the click-map models'
+(`models/clickmap/layers.Conv2d`).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from jax import lax
 
 
 def _through_conditional(x: jnp.ndarray, anchor: jnp.ndarray) -> jnp.ndarray:
-    """``x``, produced by a conditional on ``isfinite(anchor[0])`` (both branches are ``x``)."""
+    """``x``, produced by a conditional on ``isfinite(anchor[0])`` (taken: ``x``; other: ``x + 0``)."""
     keep = jnp.isfinite(jnp.reshape(anchor, (-1,))[0])
     return lax.cond(keep, lambda v: v, lambda v: v + 0, x)
 
