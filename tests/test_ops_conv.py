@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compiled_hlo import loop_body_text, outside_loop_text
 from jax import lax
 
 from jaxseg_robust.models.dense.layers import conv2d
@@ -65,6 +66,10 @@ def test_input_gradient_conv_is_canonical_inside_a_loop():
     labels = re.findall(r"convolution\(.*?dim_labels=(\S+?),", text)
     assert labels, "no convolution in the compiled program"
     assert all("_01io->" in label for label in labels), labels
+    # The gradient's re-laid-out kernels (reversed, features swapped) are built once, before the loop.
+    reverse = r"= \S+ reverse\("
+    assert not re.search(reverse, loop_body_text(text))
+    assert len(re.findall(reverse, outside_loop_text(text))) == 2  # one per convolution
 
 
 @pytest.mark.parametrize("stride, padding", [((1, 1), "VALID"), ((2, 2), "SAME"), ((3, 2), ((0, 0), (0, 0)))])
