@@ -38,7 +38,7 @@ def test_values_and_gradients_match_lax(kernel, stride, dilation, padding):
     (value, y), grads = jax.value_and_grad(lambda x, w: loss(conv_general_dilated, x, w), (0, 1), has_aux=True)(x, w)
     (value_ref, y_ref), grads_ref = jax.value_and_grad(lambda x, w: loss(lax.conv_general_dilated, x, w), (0, 1),
                                                        has_aux=True)(x, w)
-    if kernel == 1:  # a pointwise conv is a matrix product: another summation order
+    if kernel == 1 or (kernel == stride and dilation == 1):  # a matrix product: another summation order
         np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(float(value), float(value_ref), rtol=1e-6)
     else:
@@ -104,3 +104,45 @@ def test_padded_or_grouped_pointwise_keeps_the_convolution():
     want = lax.conv_general_dilated(x, jnp.ones((1, 1, 2, 4)), (1, 1), "VALID", dimension_numbers=numbers,
                                     feature_group_count=2)
     np.testing.assert_array_equal(np.asarray(grouped), np.asarray(want))
+
+
+@pytest.mark.parametrize("size, kernel, padding", [((8, 12), (2, 2), "VALID"), ((9, 13), (2, 3), ((0, 0), (0, 0))),
+                                                   ((16, 16), (4, 4), "SAME"), ((7, 10), (1, 2), "VALID")])
+def test_patch_conv_is_a_matrix_product(size, kernel, padding):
+    """Windows that tile the image (kernel = strides, unpadded): the lax values and gradients, and no convolution.
+
+    Sizes that are not a multiple of the window drop the last partial row / column, as the convolution does.
+    """
+    x = jax.random.normal(jax.random.key(5), (2, *size, 3))
+    w = jax.random.normal(jax.random.key(6), (*kernel, 3, 4))
+    numbers = ("NHWC", "HWIO", "NHWC")
+
+    def loss(conv, v, k):
+        return jnp.sum(jnp.sin(conv(v, k, kernel, padding, dimension_numbers=numbers,
+                                    precision=lax.Precision.HIGHEST)))
+
+    got = conv_general_dilated(x, w, kernel, padding, dimension_numbers=numbers, precision=lax.Precision.HIGHEST)
+    want = lax.conv_general_dilated(x, w, kernel, padding, dimension_numbers=numbers,
+                                    precision=lax.Precision.HIGHEST)
+    assert got.shape == want.shape == (2, size[0] // kernel[0], size[1] // kernel[1], 4)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    grads = jax.grad(lambda v, k: loss(conv_general_dilated, v, k), (0, 1))(x, w)
+    grads_ref = jax.grad(lambda v, k: loss(lax.conv_general_dilated, v, k), (0, 1))(x, w)
+    for got_grad, want_grad in zip(grads, grads_ref):
+        np.testing.assert_allclose(np.asarray(got_grad), np.asarray(want_grad), rtol=1e-5, atol=1e-5)
+    text = jax.jit(jax.grad(lambda v, k: loss(conv_general_dilated, v, k), (0, 1))).lower(x, w).compile().as_text()
+    assert "convolution(" not in text
+
+
+def test_overlapping_or_padded_windows_keep_the_convolution():
+    """A kernel larger than its stride, a SAME pad that pads, or a dilated kernel: lax's convolution."""
+    x = jax.random.normal(jax.random.key(7), (1, 9, 9, 2))
+    numbers = ("NHWC", "HWIO", "NHWC")
+    for kernel, stride, padding, dilation in [((3, 3), (2, 2), "VALID", (1, 1)), ((2, 2), (2, 2), "SAME", (1, 1)),
+                                              ((2, 2), (2, 2), "VALID", (2, 2))]:
+        w = jnp.ones((*kernel, 2, 3))
+        fn = jax.jit(lambda v, w=w, s=stride, p=padding, d=dilation: conv_general_dilated(
+            v, w, s, p, rhs_dilation=d, dimension_numbers=numbers))
+        assert "convolution(" in fn.lower(x).compile().as_text(), (kernel, stride, padding, dilation)
+        want = lax.conv_general_dilated(x, w, stride, padding, rhs_dilation=dilation, dimension_numbers=numbers)
+        np.testing.assert_allclose(np.asarray(fn(x)), np.asarray(want), rtol=1e-6, atol=1e-5)

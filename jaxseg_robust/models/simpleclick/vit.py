@@ -91,7 +91,10 @@ class Attention(nn.Module):
         h = self.num_heads
         qkv = Linear(c, 3 * c, name="qkv")(x).reshape(b, n, 3, h, c // h)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, N, h, d]
-        attn = jnp.einsum("bqhd,bkhd->bhqk", q, k) * ((c // h) ** -0.5)
+        # The authors scale the product q k^T; scaling q (N d values, not N^2 per head) is the same
+        # product when the scale is a power of two (head width 64: ViT-B / L) and a rounding apart
+        # otherwise. Scaling the product made XLA:CPU materialise an N^2 broadcast of the scale.
+        attn = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray((c // h) ** -0.5, q.dtype), k)
         attn = jax.nn.softmax(attn, axis=-1)
         out = jnp.einsum("bhqk,bkhd->bqhd", attn, v).reshape(b, n, c)
         return Linear(c, c, name="proj")(out)
