@@ -31,16 +31,18 @@ def _reachable(name: str, comps: dict[str, str], seen: set[str]) -> str:
     return "\n".join([body] + [_reachable(callee, comps, seen) for callee in callees])
 
 
+def _loop_bodies(text: str) -> list[str]:
+    """Names of the body computations of every ``while`` in a compiled module."""
+    return re.findall(r"while\([^\n]*?body=%([\w.\-]+)", text)
+
+
 def loop_body_text(text: str) -> str:
     """The instructions run on every iteration of the module's ``while`` loops (bodies and their callees)."""
     comps = computations(text)
-    bodies = re.findall(r"while\([^\n]*?body=%([\w.\-]+)", text)
     seen: set[str] = set()
-    return "\n".join(_reachable(body, comps, seen) for body in bodies)
+    return "\n".join(_reachable(body, comps, seen) for body in _loop_bodies(text))
 
 
 def outside_loop_text(text: str) -> str:
     """The instructions of the entry computation and its callees, loop bodies excluded."""
-    comps = computations(text)
-    bodies = set(re.findall(r"while\([^\n]*?body=%([\w.\-]+)", text))
-    return _reachable("ENTRY", comps, set(bodies))
+    return _reachable("ENTRY", computations(text), set(_loop_bodies(text)))

@@ -51,17 +51,27 @@ def _swap_kernel_features(kernel, numbers: lax.ConvDimensionNumbers):
 _NHWC = lax.ConvDimensionNumbers((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
 
 
+def _is_plain_nhwc(lhs, numbers, feature_group_count, batch_group_count, *dilations) -> bool:
+    """True for a 4-D NHWC / HWIO / NHWC convolution, ungrouped, with every given dilation 1 (or None)."""
+    if numbers != _NHWC or lhs.ndim != 4 or feature_group_count != 1 or batch_group_count != 1:
+        return False
+    return all(dilation is None or all(d == 1 for d in dilation) for dilation in dilations)
+
+
+def _zero_pairs(padding) -> bool:
+    """True when explicit ``(low, high)`` padding pairs are all zero."""
+    return all(tuple(pair) == (0, 0) for pair in padding)
+
+
 def _is_pointwise(lhs, rhs, padding, lhs_dilation, numbers, feature_group_count, batch_group_count) -> bool:
     """True when the convolution is a 1 x 1 kernel on NHWC / HWIO, unpadded, ungrouped, input undilated."""
-    if numbers != _NHWC or lhs.ndim != 4 or rhs.shape[:2] != (1, 1):
+    if not _is_plain_nhwc(lhs, numbers, feature_group_count, batch_group_count, lhs_dilation):
         return False
-    if feature_group_count != 1 or batch_group_count != 1:
-        return False
-    if lhs_dilation is not None and any(d != 1 for d in lhs_dilation):
+    if rhs.shape[:2] != (1, 1):
         return False
     if isinstance(padding, str):
         return padding in ("VALID", "SAME")  # a 1 x 1 window pads nothing in either mode
-    return all(tuple(pair) == (0, 0) for pair in padding)
+    return _zero_pairs(padding)
 
 
 def pointwise_conv(x, kernel, strides=(1, 1), *, precision=None, preferred_element_type=None):
@@ -81,18 +91,16 @@ def _is_patchwise(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
                   batch_group_count) -> bool:
     """True for a k_h x k_w kernel with strides (k_h, k_w) on NHWC / HWIO, larger than 1 x 1: the windows
     tile the image without overlap (unpadded, ungrouped, undilated)."""
-    if numbers != _NHWC or lhs.ndim != 4 or tuple(rhs.shape[:2]) != tuple(window_strides) or rhs.shape[:2] == (1, 1):
+    if not _is_plain_nhwc(lhs, numbers, feature_group_count, batch_group_count, lhs_dilation, rhs_dilation):
         return False
-    if feature_group_count != 1 or batch_group_count != 1:
+    window = tuple(rhs.shape[:2])
+    if window != tuple(window_strides) or window == (1, 1):
         return False
-    for dilation in (lhs_dilation, rhs_dilation):
-        if dilation is not None and any(d != 1 for d in dilation):
-            return False
     if padding == "SAME":  # pads nothing only where the size is a multiple of the window
-        return all(size % k == 0 for size, k in zip(lhs.shape[1:3], rhs.shape[:2]))
+        return all(size % k == 0 for size, k in zip(lhs.shape[1:3], window))
     if isinstance(padding, str):
         return padding == "VALID"
-    return all(tuple(pair) == (0, 0) for pair in padding)
+    return _zero_pairs(padding)
 
 
 def patch_conv(x, kernel, *, precision=None, preferred_element_type=None):
