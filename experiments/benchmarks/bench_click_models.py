@@ -21,8 +21,12 @@ their repository (tests/isegm_reference.py; one ``isegm`` package per process,
 so each reference runs in its own spawned process), randomised, made to
 follow its clicks (`isegm_reference.sharpen_clicks_`, so the zoom-in moves as
 on real predictions), saved in their checkpoint format and converted with
-``python -m ports``. All reference runs happen before JAX starts, so on a GPU
-the two never hold device memory at the same time. Per model, at the authors'
+``python -m ports``. ``--order``: on a GPU (``grouped``) all reference runs
+happen before JAX starts, so the two never hold device memory at the same
+time; on a CPU (``stagewise``) each stage runs on the reference (a fresh
+process, the same seeded build) and then on ours, so the two timings of a
+stage are minutes apart, not an hour: this machine's speed drifts by more
+than 10 % within an hour (docs/benchmarking.md). Per model, at the authors'
 evaluation input size (RITM 400 x 400, its ``fixed400`` zoom; SimpleClick
 448 x 448), the stages (``--stages``):
 
@@ -57,7 +61,9 @@ milliseconds, instances/s, and the ratio torch time / jax time (> 1:
 jaxseg_robust is faster); the jax first call (compile + one run) is reported
 apart. Each timing is the median of ``--repeats`` runs after one warm-up
 (``noc20``: ``max(1, repeats // 2)``; ``tetris``: ``--tetris-repeats`` on our
-side, the reference after an untimed 1-click x 2-iterate warm-up). Every
+side, or with ``--tetris-repeats 0`` the first call's compiled run alone, its
+compile excluded, which halves a long run; the reference after an untimed
+1-click x 2-iterate warm-up). Every
 phase (model build, sharpening, each stage, port, compiles) is logged with its
 wall time as it ends, so a run that is cut off still shows where the time
 went. JAX uses its default backend (``JAX_PLATFORMS`` respected); torch uses
@@ -375,8 +381,14 @@ def jax_tetris(seg, params, instances, repeats: int, n_clicks: int, n_iterates: 
         result["out"] = jax.device_get(program(batch))
 
     start = time.perf_counter()
-    first, seconds = timed(run, repeats)
-    log(f"jax tetris (batch {len(items)}; first call {first:.1f} s, then {seconds:.2f} s)", start)
+    run()
+    first, first_run = time.perf_counter() - start, program.last_seconds
+    if repeats > 0:
+        _, seconds = timed(run, repeats)
+    else:  # the first call's compiled run (compile excluded) is the timing
+        seconds = first_run
+    log(f"jax tetris (batch {len(items)}; first call {first:.1f} s, its compiled run "
+        f"{first_run:.2f} s; timed {seconds:.2f} s)", start)
     out = result["out"]
     return {"tetris": (first, seconds), "tetris_first": {
         mode: {"iou": np.asarray(out[mode]["iou"][0], np.float64),
@@ -384,16 +396,25 @@ def jax_tetris(seg, params, instances, repeats: int, n_clicks: int, n_iterates: 
         for mode in ("min", "max")}, "traces": program.traces}
 
 
-def run_reference(name: str, args, pair: tuple, tetris_instances, tmp: str) -> tuple[dict, str]:
-    """The authors' side of one model in a spawned process; returns (timings, checkpoint)."""
+def run_reference(name: str, args, stages, pair: tuple, tetris_instances,
+                  tmp: str) -> tuple[dict, str]:
+    """The authors' side of one model on ``stages`` in a spawned process; returns (timings,
+    checkpoint). The build is seeded, so every call saves the same checkpoint."""
     repo, variant, size, _ = MODELS[name]
     ckpt = os.path.join(tmp, f"{name}.pth")
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         ref = pool.submit(torch_side, repo, variant, size, args.batch_size, args.repeats, pair,
-                          ckpt, tuple(args.stages), args.torch_device, tetris_instances,
+                          ckpt, tuple(stages), args.torch_device, tetris_instances,
                           (args.tetris_clicks, args.tetris_iterates)).result()
     return ref, ckpt
+
+
+def stage_groups(args) -> list[tuple[str, ...]]:
+    """The stages each reference process runs, in order: all at once (``grouped``) or one
+    at a time, each followed by ours (``stagewise``)."""
+    stages = [stage for stage in STAGES if stage in args.stages]
+    return [tuple(stages)] if args.order == "grouped" else [(stage,) for stage in stages]
 
 
 def row(name: str, stage: str, torch_per: float, jax_per: float, note: str) -> str:
@@ -442,11 +463,17 @@ def parse_args(argv):
                         help="TETRIS instances the reference runs (one at a time; <= batch size)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tetris-repeats", type=int, default=1,
-                        help="timed runs of our TETRIS batch after the first (compiling) call")
+                        help="timed runs of our TETRIS batch after the first (compiling) call; "
+                             "0: time the first call's compiled run (compile excluded)")
     parser.add_argument("--tetris-clicks", type=int, default=10)
     parser.add_argument("--tetris-iterates", type=int, default=11,
                         help="evaluated iterates per click (11 = the baseline click + 10 updates)")
     parser.add_argument("--torch-device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--order", default="auto", choices=["auto", "grouped", "stagewise"],
+                        help="grouped: all reference stages, then ours (GPU: the two never hold "
+                             "its memory at once); stagewise: each stage on the reference, then "
+                             "on ours, so that both run minutes apart, not an hour (CPU, whose "
+                             "speed drifts); auto: grouped when torch runs on CUDA")
     parser.add_argument("--ritm-repo", default=os.environ.get(REPO_ENV["ritm"]),
                         help="checkout of SamsungLabs/ritm_interactive_segmentation")
     parser.add_argument("--simpleclick-repo", default=os.environ.get(REPO_ENV["simpleclick"]),
@@ -454,6 +481,10 @@ def parse_args(argv):
     parser.add_argument("--image", help="RGB image (default: the shared DAVIS samples)")
     parser.add_argument("--mask", help="its object mask (non-zero = object)")
     args = parser.parse_args(argv)
+    if args.order == "auto":
+        args.order = "grouped" if torch_device(args.torch_device) == "cuda" else "stagewise"
+    if args.tetris_repeats < 0:
+        parser.error(f"--tetris-repeats must be >= 0; got {args.tetris_repeats}")
     if not 1 <= args.ref_instances <= args.batch_size:
         parser.error(f"--ref-instances must be in [1, --batch-size]; got {args.ref_instances}")
     for repo, path in (("ritm", args.ritm_repo), ("simpleclick", args.simpleclick_repo)):
@@ -474,16 +505,45 @@ def main(argv=None) -> int:
                for name in args.models} if "tetris" in args.stages else {}
     malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     load_start = os.getloadavg()[0]
+    groups = stage_groups(args)
+
+    def reference(name, stages):
+        return run_reference(name, args, stages, pair, squares.get(name, [])[:args.ref_instances],
+                             tmp)
+
     with tempfile.TemporaryDirectory() as tmp:
-        refs = {name: run_reference(name, args, pair, squares.get(name, [])[:args.ref_instances],
-                                    tmp) for name in args.models}
-        import jax  # noqa: PLC0415  (after the reference runs: see the module docstring)
+        # grouped: every reference run ends before JAX starts (a GPU's memory is never shared)
+        early = ({name: reference(name, groups[0]) for name in args.models}
+                 if args.order == "grouped" else {})
+        import jax  # noqa: PLC0415
         import torch  # noqa: PLC0415
 
         from jaxseg_robust.models import zoo  # noqa: PLC0415
         from ports.__main__ import main as ports_main  # noqa: PLC0415
 
-        first = refs[args.models[0]][0]
+        rows, refs = [], {}
+        for name in args.models:
+            repo, _, size, family = MODELS[name]
+            ref, ours, model = {}, {}, None
+            for stages in groups:
+                part, ckpt = early[name] if name in early else reference(name, stages)
+                ref.update(part)
+                if model is None:
+                    out = os.path.join(tmp, name)
+                    start = time.perf_counter()
+                    assert ports_main(["ritm" if repo == "ritm" else "simpleclick", "--checkpoint",
+                                       ckpt, "--out", out]) == 0
+                    model = zoo.load_params(out)[:2]
+                    log(f"ported {name}", start)
+                seg, params = model
+                ours.update(jax_stages(seg, params, size, family, args.batch_size, args.repeats,
+                                       pair, stages))
+                if "tetris" in stages:
+                    ours.update(jax_tetris(seg, params, squares[name], args.tetris_repeats,
+                                           args.tetris_clicks, args.tetris_iterates, size))
+            refs[name] = ref
+            rows += rows_of(name, ref, ours, args)
+        first = refs[args.models[0]]
         header = [
             (f"# bench_click_models  {time.strftime('%Y-%m-%d %H:%M:%S')}  host {platform.node()}  "
              f"cpus {os.cpu_count()}  load at start {load_start:.2f}"),
@@ -493,26 +553,10 @@ def main(argv=None) -> int:
              + ("" if malloc == TUNED_MALLOC else "  [not the tuned setting of BENCHMARKING.md]")),
             (f"# image {args.image or sources[0][0] or 'generated'} {pair[0].shape[1]}x"
              f"{pair[0].shape[0]}; batch {args.batch_size}, repeats {args.repeats} (median); "
-             f"per instance; ratio = torch / jax (> 1: faster)"),
+             f"per instance; ratio = torch / jax (> 1: faster); order {args.order}"),
             (f"{'model':<18} {'stage':<8} {'torch ms':>10} {'jax ms':>10} {'torch i/s':>9} "
              f"{'jax i/s':>9} {'ratio':>7}"),
         ]
-        rows = []
-        for name in args.models:
-            ref, ckpt = refs[name]
-            repo, _, size, family = MODELS[name]
-            out = os.path.join(tmp, name)
-            start = time.perf_counter()
-            assert ports_main(["ritm" if repo == "ritm" else "simpleclick", "--checkpoint", ckpt,
-                               "--out", out]) == 0
-            seg, params, _ = zoo.load_params(out)
-            log(f"ported {name}", start)
-            ours = jax_stages(seg, params, size, family, args.batch_size, args.repeats, pair,
-                              args.stages)
-            if "tetris" in args.stages:
-                ours.update(jax_tetris(seg, params, squares[name], args.tetris_repeats,
-                                       args.tetris_clicks, args.tetris_iterates, size))
-            rows += rows_of(name, ref, ours, args)
         print("\n".join(header + rows + [f"# load at end {os.getloadavg()[0]:.2f}"]), flush=True)
     return 0
 
