@@ -506,12 +506,11 @@ def main(argv=None) -> int:
     malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     load_start = os.getloadavg()[0]
     groups = stage_groups(args)
-
-    def reference(name, stages):
-        return run_reference(name, args, stages, pair, squares.get(name, [])[:args.ref_instances],
-                             tmp)
-
     with tempfile.TemporaryDirectory() as tmp:
+        def reference(name, stages):
+            return run_reference(name, args, stages, pair,
+                                 squares.get(name, [])[:args.ref_instances], tmp)
+
         # grouped: every reference run ends before JAX starts (a GPU's memory is never shared)
         early = ({name: reference(name, groups[0]) for name in args.models}
                  if args.order == "grouped" else {})
