@@ -23,6 +23,7 @@ Every module is a plain function of its input (no train mode, no state);
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import flax.linen as nn
@@ -124,6 +125,39 @@ class Linear(nn.Module):
         return y
 
 
+def _standardise(x: jnp.ndarray, eps: float) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """((x - mean) / sqrt(var + eps), sqrt(var + eps)) over the last axis (biased variance)."""
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    scale = jnp.sqrt(jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True) + eps)
+    return (x - mean) / scale, scale
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def standardise_last_axis(x: jnp.ndarray, eps: float) -> jnp.ndarray:
+    """LayerNorm without its affine part: f32[..., C] -> f32[..., C], torch's arithmetic.
+
+    The reverse pass is the closed form ``(g - mean(g) - y mean(g y)) / s``
+    (``y`` the output, ``s`` the saved ``sqrt(var + eps)``), two row means,
+    instead of the transposes of the mean, the variance and the division that
+    autodiff derives; on XLA:CPU inside SimpleClick's blocks that derived pass
+    split into several fusions over the residual stream. Reverse mode only.
+    """
+    return _standardise(x, eps)[0]
+
+
+def _standardise_fwd(x, eps):
+    y, scale = _standardise(x, eps)
+    return y, (y, scale)
+
+
+def _standardise_bwd(eps, residuals, g):
+    y, scale = residuals
+    return ((g - jnp.mean(g, axis=-1, keepdims=True) - y * jnp.mean(g * y, axis=-1, keepdims=True)) / scale,)
+
+
+standardise_last_axis.defvjp(_standardise_fwd, _standardise_bwd)
+
+
 class LayerNorm(nn.Module):
     """torch ``nn.LayerNorm(C, eps)`` over the last axis (biased variance)."""
 
@@ -132,10 +166,7 @@ class LayerNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        y = (x - mean) / jnp.sqrt(var + self.eps)
-        return y * self.param("weight", _ones, (self.num_features,)) + \
+        return standardise_last_axis(x, self.eps) * self.param("weight", _ones, (self.num_features,)) + \
             self.param("bias", _zeros, (self.num_features,))
 
 
@@ -156,8 +187,15 @@ class GroupNorm1(nn.Module):
 
 
 def gelu(x: jnp.ndarray) -> jnp.ndarray:
-    """torch ``nn.GELU()`` (exact, erf form)."""
-    return jax.nn.gelu(x, approximate=False)
+    """torch ``nn.GELU()``, exact, in torch's own form ``x/2 (1 + erf(x / sqrt 2))``.
+
+    ``jax.nn.gelu(approximate=False)`` evaluates the same function through
+    ``erfc``, a little closer to float64 in the far negative tail (max error
+    3.8e-7 against 1.1e-6 on N(0, 4) samples), but on the CPU 1.7x slower
+    forward and 1.5x slower with its derivative (a 784 x 3072 activation);
+    torch's form is also the reference's arithmetic.
+    """
+    return x * 0.5 * (1.0 + jax.lax.erf(x * 0.7071067811865476))  # M_SQRT1_2
 
 
 def leaky_relu(x: jnp.ndarray, slope: float = 0.2) -> jnp.ndarray:

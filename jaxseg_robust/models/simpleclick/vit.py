@@ -19,12 +19,12 @@ are not used by the interactive model (see ports/simpleclick.py).
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxseg_robust.models.clickmap.layers import Conv2d, LayerNorm, Linear, gelu
 from jaxseg_robust.models.simpleclick.config import SimpleClickConfig
+from jaxseg_robust.ops.attention import softmax_attention
 from jaxseg_robust.ops.resize import Taps, apply_taps
 
 VIT_LAYERNORM_EPS = 1e-6
@@ -90,14 +90,12 @@ class Attention(nn.Module):
         b, n, c = x.shape
         h = self.num_heads
         qkv = Linear(c, 3 * c, name="qkv")(x).reshape(b, n, 3, h, c // h)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, N, h, d]
+        q, k, v = qkv.transpose(2, 0, 3, 1, 4)  # each [B, h, N, d]: heads first, as torch's bmm
         # The authors scale the product q k^T; scaling q (N d values, not N^2 per head) is the same
         # product when the scale is a power of two (head width 64: ViT-B / L) and a rounding apart
         # otherwise. Scaling the product made XLA:CPU materialise an N^2 broadcast of the scale.
-        attn = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray((c // h) ** -0.5, q.dtype), k)
-        attn = jax.nn.softmax(attn, axis=-1)
-        out = jnp.einsum("bhqk,bkhd->bqhd", attn, v).reshape(b, n, c)
-        return Linear(c, c, name="proj")(out)
+        out = softmax_attention(q * jnp.asarray((c // h) ** -0.5, q.dtype), k, v)
+        return Linear(c, c, name="proj")(out.transpose(0, 2, 1, 3).reshape(b, n, c))
 
 
 class Mlp(nn.Module):

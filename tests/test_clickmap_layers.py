@@ -1,0 +1,69 @@
+"""`jaxseg_robust.models.clickmap.layers`: GELU in torch's form, LayerNorm's closed-form reverse pass."""
+
+from __future__ import annotations
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.test_util import check_grads
+
+from jaxseg_robust.models.clickmap.layers import LayerNorm, gelu, standardise_last_axis
+
+
+def _gelu_float64(x: np.ndarray) -> np.ndarray:
+    erf = np.vectorize(math.erf)
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def test_gelu_matches_the_exact_function():
+    x = np.linspace(-12.0, 12.0, 20001, dtype=np.float32)
+    np.testing.assert_allclose(np.asarray(gelu(jnp.asarray(x))), _gelu_float64(x.astype(np.float64)),
+                               rtol=0, atol=2e-6)
+
+
+def test_gelu_derivative_matches_the_exact_one():
+    x = np.linspace(-6.0, 6.0, 1201, dtype=np.float32)
+    grad = np.asarray(jax.vmap(jax.grad(gelu))(jnp.asarray(x)))
+    x64 = x.astype(np.float64)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x64 / math.sqrt(2.0)))
+    want = cdf + x64 * np.exp(-0.5 * x64 ** 2) / math.sqrt(2.0 * math.pi)
+    np.testing.assert_allclose(grad, want, rtol=0, atol=2e-6)
+
+
+def _layer_norm_composed(x, eps):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    return (x - mean) / jnp.sqrt(jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True) + eps)
+
+
+class StandardiseTest(chex.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True, with_pmap=False)
+    def test_values_and_gradient_match_autodiff_of_the_composition(self):
+        x = 3.0 * jax.random.normal(jax.random.key(0), (2, 5, 24)) + 1.5
+        weights = jax.random.normal(jax.random.key(1), x.shape)
+        fn = self.variant(lambda x: standardise_last_axis(x, 1e-6))
+        np.testing.assert_allclose(np.asarray(fn(x)), np.asarray(_layer_norm_composed(x, 1e-6)), rtol=1e-6, atol=1e-6)
+        grad = self.variant(jax.grad(lambda x: jnp.sum(jnp.sin(standardise_last_axis(x, 1e-6)) * weights)))(x)
+        want = jax.grad(lambda x: jnp.sum(jnp.sin(_layer_norm_composed(x, 1e-6)) * weights))(x)
+        np.testing.assert_allclose(np.asarray(grad), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_standardise_reverse_mode_agrees_with_finite_differences_in_float64():
+    with jax.enable_x64(True):
+        x = jax.random.normal(jax.random.key(2), (3, 7), jnp.float64)
+        check_grads(lambda x: standardise_last_axis(x, 1e-5), (x,), order=1, modes=("rev",), atol=1e-7, rtol=1e-7)
+
+
+def test_layer_norm_module_is_torch_layer_norm():
+    """Affine after standardising, biased variance: the float64 formula of ``nn.LayerNorm``."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 16)).astype(np.float32) * 2 + 0.5
+    weight = (1 + 0.1 * rng.standard_normal(16)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal(16)).astype(np.float32)
+    out = LayerNorm(16, 1e-6).apply({"params": {"weight": weight, "bias": bias}}, jnp.asarray(x))
+    x64 = x.astype(np.float64)
+    want = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-6) * weight + bias
+    np.testing.assert_allclose(np.asarray(out), want, rtol=0, atol=3e-6)
