@@ -48,7 +48,7 @@ def best_ms(fn, repeats: int) -> float:
 
 def jax_pair(fn, x, w):
     """(forward, forward + reverse) jitted callables of ``fn`` on input ``x``, cotangent weights ``w``."""
-    import jax  # noqa: PLC0415
+    import jax
 
     forward = jax.jit(fn)
     grad = jax.jit(jax.grad(lambda x: (fn(x) * w).sum()))
@@ -59,7 +59,7 @@ def torch_pair(fn, x, w):
     """(forward, forward + reverse) torch callables; ``None`` without torch."""
     if fn is None:
         return None
-    import torch  # noqa: PLC0415
+    import torch
 
     tx, tw = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(w))
 
@@ -96,14 +96,14 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--pieces", default="attention,gelu,layernorm")
     args = parser.parse_args(argv)
-    import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
+    import jax
+    import jax.numpy as jnp
 
-    from jaxseg_robust.models.clickmap.layers import gelu, standardise_last_axis  # noqa: PLC0415
-    from jaxseg_robust.ops.attention import softmax_attention  # noqa: PLC0415
+    from jaxseg_robust.models.clickmap.layers import gelu, standardise_last_axis
+    from jaxseg_robust.ops.attention import softmax_attention
 
     try:
-        import torch  # noqa: PLC0415
+        import torch
 
         torch.set_num_threads(os.cpu_count() or 1)
     except ImportError:
