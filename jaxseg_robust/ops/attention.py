@@ -8,17 +8,17 @@ pass: on XLA:CPU the derived pass of that composition materialises several
 extra N x N arrays (the softmax's own JVP residuals, the product of the
 cotangent with the probabilities, its row sums) and lays some of the products
 out token-major, so it cost about 1.6x the reverse pass of torch's
-``bmm``/``softmax`` on the same shapes (ViT-B, 12 heads x 784 tokens x 64: 100
-against 63 ms for the forward and reverse together on this project's 2-core
-CPU). The pass written here keeps every product in ``[..., heads, tokens,
+``bmm``/``softmax`` on the same shapes (ViT-B, 12 heads x 784 tokens x 64: 116
+against 66 ms for the forward and reverse together on this project's 2-core
+CPU; ``experiments/benchmarks/bench_vit_layers.py``). The pass written here keeps every product in ``[..., heads, tokens,
 width]`` layout and uses the identity
 
     sum_k dP[q, k] P[q, k] = sum_d dO[q, d] O[q, d]
 
 (the row sums of the softmax's Jacobian-vector product, taken over the output
 width instead of the N x N probabilities, as FlashAttention's backward does),
-so the only N x N work left is the two products and one fused elementwise
-pass. The forward is the same arithmetic as before (one max-subtracted
+so the N x N work left is the four products (dP, dV, dQ, dK) and one fused
+elementwise pass. The forward is the same arithmetic as before (one max-subtracted
 softmax), so values agree to float32 rounding; the reverse pass is the same
 derivative in another summation order (relative differences of order 1e-6
 against autodiff of the composition, in float32).
