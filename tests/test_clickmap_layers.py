@@ -1,4 +1,5 @@
-"""`jaxseg_robust.models.clickmap.layers`: GELU in torch's form, LayerNorm's closed-form reverse pass."""
+"""`jaxseg_robust.models.clickmap.layers`: GELU in torch's form, LayerNorm's closed-form reverse pass;
+SimpleClick's `FusionConv` against the authors' resize-concatenate-conv."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from jax.test_util import check_grads
 
 from jaxseg_robust.models.clickmap.layers import LayerNorm, gelu, standardise_last_axis
+from jaxseg_robust.models.simpleclick.network import FusionConv, resize_bilinear_nhwc
 
 
 def _gelu_float64(x: np.ndarray) -> np.ndarray:
@@ -67,3 +69,19 @@ def test_layer_norm_module_is_torch_layer_norm():
     x64 = x.astype(np.float64)
     want = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-6) * weight + bias
     np.testing.assert_allclose(np.asarray(out), want, rtol=0, atol=3e-6)
+
+
+def test_fusion_conv_equals_the_conv_on_the_resized_concatenation():
+    """SimpleClick's head: the 1x1 fusion conv applied per level before resizing is the authors'
+    resize, concatenate, conv (bilinear resize and 1x1 conv commute), to float32 rounding."""
+    keys = jax.random.split(jax.random.key(3), 6)
+    levels = [jax.random.normal(keys[i], (2, 16 // 2 ** i, 12 // 2 ** i, 5)) for i in range(4)]
+    params = {"conv": {"weight": jax.random.normal(keys[4], (1, 1, 20, 7)),
+                       "bias": jax.random.normal(keys[5], (7,))}}
+    got = FusionConv(20, 7).apply({"params": params}, levels, (16, 12))
+    stacked = jnp.concatenate([resize_bilinear_nhwc(x, (16, 12)) for x in levels], axis=-1)
+    want = jax.nn.relu(stacked @ params["conv"]["weight"][0, 0] + params["conv"]["bias"])
+    assert got.shape == (2, 16, 12, 7)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    with np.testing.assert_raises_regex(ValueError, "15 channels, the kernel 20"):
+        FusionConv(20, 7).apply({"params": params}, levels[:3], (16, 12))
