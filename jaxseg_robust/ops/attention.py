@@ -25,13 +25,14 @@ and two fused elementwise passes.
 **Chunks on the CPU.** A head's probabilities at 784 tokens are 2.4 MB, more
 than a core's L2 cache; several images' worth (the attack's batch of MIN / MAX
 trajectories and flips: 4 x 12 heads, 118 MB) no longer fit the last-level
-cache either, and XLA:CPU's batched products and softmax then ran at a third
-of their one-image speed (attention at 4 images: 216 ms forward, 455 ms with
-the reverse pass, for 23 / 68 ms at one image; torch 81 / 236 ms). So when a
+cache either, and XLA:CPU's batched products and softmax then ran at about a
+third of their one-image speed (4 images: 228 ms forward, 495 ms with the
+reverse pass, against 26.6 / 66.1 ms for one; torch 81 / 237 ms). So when a
 head's N x N array exceeds ``_ROW_BYTES`` and all heads together exceed
 ``_WHOLE_BYTES``, the leading axes are flattened and processed a few heads at
 a time (``lax.map``; ``_CHUNK_BYTES`` of probabilities per step), the reverse
-pass too: 87 / 305 ms at 4 images. Small windows (196 tokens: 154 kB a head)
+pass too: 82 / 321 ms at 4 images (``experiments/benchmarks/bench_vit_layers.py``;
+docs/models/click_models.md). Small windows (196 tokens: 154 kB a head)
 stay whole; chunking them only adds loop overhead. Other platforms always
 take the whole array (``lax.platform_dependent``). Values are the same
 arithmetic either way.
