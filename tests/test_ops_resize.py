@@ -243,3 +243,61 @@ def test_upsample_sam_logits_matches_torch_postprocess(hw):
     np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(low).max())
     np.testing.assert_array_equal(R.linear_taps(256, 1024)[0][:, 0],
                                   np.clip(np.floor((np.arange(1024) + 0.5) / 4 - 0.5), 0, 255))
+
+
+# ---- periodic (phase-by-phase) application of upsampling tables --------------
+
+def _table(kind: str, n_in: int, n_out: int):
+    from jaxseg_robust.models.clickability.resize import align_corners_taps  # noqa: PLC0415
+    from jaxseg_robust.models.simpleclick.vit import bicubic_taps  # noqa: PLC0415
+    return {"linear": R.linear_taps, "bicubic": bicubic_taps, "align_corners": align_corners_taps}[kind](n_in, n_out)
+
+
+@pytest.mark.parametrize("factor", [2, 4, 8])
+@pytest.mark.parametrize("kind", ["linear", "bicubic"])
+def test_half_pixel_upsampling_tables_are_periodic(kind, factor):
+    """torch's bilinear / bicubic x2, x4, x8 tables: every phase periodic but for its clamped border rows."""
+    border = {"linear": 1, "bicubic": 3}[kind]  # rows of a phase that read a clamped index
+    for n_in in ((3, 7, 14, 28, 56) if kind == "linear" else (7, 14, 28, 56)):
+        index, weight = _table(kind, n_in, factor * n_in)
+        phases = R.periodic_phases(index, weight, n_in)
+        assert phases is not None and len(phases) == factor
+        assert all(hi - lo >= n_in - border for lo, hi, _, _ in phases)
+
+
+def test_non_multiple_sizes_and_downsampling_take_the_gathers():
+    for n_in, n_out in ((7, 10), (14, 7), (5, 5), (1, 8)):
+        index, weight = R.linear_taps(n_in, n_out)
+        assert R.periodic_phases(index, weight, n_in) is None
+    # bicubic from 2 samples: even the middle output reads a clamped (repeated) index
+    index, weight = _table("bicubic", 2, 8)
+    assert R.periodic_phases(index, weight, 2) is None
+
+
+@given(st.sampled_from(["linear", "bicubic", "align_corners"]), st.integers(2, 40), st.integers(2, 8),
+       st.integers(0, 2))
+def test_periodic_application_is_the_gather_to_rounding(kind, n_in, factor, axis):
+    """Same products summed in the same order: the phase path equals the gathers up to XLA's
+    contraction of a product and a sum into one fused multiply-add (1 ulp), in either; its reverse
+    pass (pads and sums instead of a scatter-add) agrees to float32 rounding."""
+    taps = _table(kind, n_in, factor * n_in)
+    shape = [3, 4, 5]
+    shape[axis] = n_in
+    rng = np.random.default_rng(n_in * 31 + factor)
+    x = jnp.asarray(rng.normal(size=shape).astype(np.float32))
+    got = jax.jit(lambda x: R.apply_taps(x, taps, axis))(x)
+    want = jax.jit(lambda x: R._gather_taps(x, taps, axis))(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    w = jnp.asarray(rng.normal(size=got.shape).astype(np.float32))
+    g_got = jax.grad(lambda x: jnp.sum(R.apply_taps(x, taps, axis) * w))(x)
+    g_want = jax.grad(lambda x: jnp.sum(R._gather_taps(x, taps, axis) * w))(x)
+    np.testing.assert_allclose(np.asarray(g_got), np.asarray(g_want), rtol=1e-5, atol=1e-5)
+
+
+def test_periodic_application_under_vmap_and_in_float64():
+    taps = R.linear_taps(6, 24)
+    with jax.enable_x64(True):
+        x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 6, 5)))
+        got = jax.vmap(lambda xi: R.apply_taps(xi, (taps[0], taps[1].astype(np.float64)), 0))(x)
+        assert got.dtype == jnp.float64 and got.shape == (2, 24, 5)
+        np.testing.assert_allclose(np.asarray(got), ref_linear_1d(np.asarray(x), 24, 1), rtol=0, atol=1e-6)

@@ -24,6 +24,7 @@ sample ``o`` along an axis is ``sum_k weight[o, k] * x[index[o, k]]``.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -122,6 +123,14 @@ def linear_taps(in_size: int, out_size: int, dtype=np.float32) -> Taps:
 def apply_taps(x: jnp.ndarray, taps: Taps, axis: int) -> jnp.ndarray:
     """Resamples ``x`` along ``axis`` with a tap table.
 
+    A host (numpy) table that upsamples by an integer factor with the same taps
+    in every period (`periodic_phases`: torch's bilinear resize by 2, 4, 8)
+    is applied phase by phase with static slices (`_apply_phases`), whose
+    reverse pass is pads and sums; otherwise with one gather per tap, whose
+    reverse pass is a scatter-add (slow on the CPU). Both compute every output
+    sample as the same products summed in the same order (XLA may contract a
+    product and a sum into one fused multiply-add in either: 1 ulp).
+
     Args:
       x: array [..., n_in, ...] (any float dtype).
       taps: (index int[n_out, K] into ``range(n_in)``, weight float[n_out, K]).
@@ -130,8 +139,17 @@ def apply_taps(x: jnp.ndarray, taps: Taps, axis: int) -> jnp.ndarray:
     Returns:
       Array with ``x.shape[axis]`` replaced by ``n_out``; dtype of ``x``.
     """
-    index, weight = jnp.asarray(taps[0]), jnp.asarray(taps[1], dtype=x.dtype)
     axis = axis % x.ndim
+    if isinstance(taps[0], np.ndarray) and isinstance(taps[1], np.ndarray):
+        phases = periodic_phases(taps[0], taps[1], x.shape[axis])
+        if phases is not None:
+            return _apply_phases(x, phases, taps, axis)
+    return _gather_taps(x, taps, axis)
+
+
+def _gather_taps(x: jnp.ndarray, taps: Taps, axis: int) -> jnp.ndarray:
+    """`apply_taps` by gathers: output sample ``o`` is ``sum_k x[index[o, k]] * weight[o, k]``."""
+    index, weight = jnp.asarray(taps[0]), jnp.asarray(taps[1], dtype=x.dtype)
     shape = [1] * x.ndim
     shape[axis] = index.shape[0]
     out = None
@@ -141,6 +159,85 @@ def apply_taps(x: jnp.ndarray, taps: Taps, axis: int) -> jnp.ndarray:
         term = jnp.take(x, index[:, k], axis=axis, mode="clip") * weight[:, k].reshape(shape)
         out = term if out is None else out + term
     return out
+
+
+Phase = tuple  # (lo, hi, offsets int[K], weights float[K]) of one phase, see `periodic_phases`
+
+
+def periodic_phases(index: np.ndarray, weight: np.ndarray, in_size: int) -> list[Phase] | None:
+    """The periodic structure of an integer-factor upsampling tap table, or None (host).
+
+    With ``n_out = s * n_in`` (``s >= 2``), phase ``r`` is the output samples
+    ``o = s i + r``. It is periodic on ``lo <= i < hi`` when there every tap
+    reads ``x[i + offset_k]`` with the weight ``weight_k`` of the phase's middle
+    sample; the rows outside that range (the clamped borders: at most a few)
+    keep their own taps.
+
+    Returns:
+      One ``(lo, hi, offsets, weights)`` per phase, or None when ``n_out`` is
+      not a multiple ``s >= 2`` of ``in_size``, or a phase's middle sample reads
+      a clamped (repeated) index, or a phase has no periodic range of at least
+      half its samples.
+    """
+    n_out = index.shape[0]
+    if in_size < 2 or n_out % in_size or n_out // in_size < 2:
+        return None
+    s = n_out // in_size
+    rows = np.arange(in_size)
+    phases = []
+    for r in range(s):
+        idx, wt = index[r::s], weight[r::s]
+        mid = in_size // 2
+        offsets, weights = idx[mid] - mid, wt[mid]
+        if np.any(np.diff(offsets) <= 0):  # a clamped middle row: the table is too short
+            return None
+        good = np.all((idx - rows[:, None] == offsets) & (wt == weights), axis=1)
+        lo = mid
+        while lo > 0 and good[lo - 1]:
+            lo -= 1
+        hi = mid + 1
+        while hi < in_size and good[hi]:
+            hi += 1
+        if 2 * (hi - lo) < in_size:
+            return None
+        phases.append((lo, hi, offsets.astype(np.int64), weights))
+    return phases
+
+
+def _rows_by_slices(x: jnp.ndarray, index: np.ndarray, weight: np.ndarray, axis: int) -> jnp.ndarray:
+    """Output samples ``sum_k x[index[o, k]] * weight[o, k]`` for a few rows ``o``, each tap a static
+    one-sample slice (the reverse pass pads instead of scattering): [..., len(index), ...]."""
+    rows = []
+    for idx, wt in zip(index, weight):
+        row = None
+        for k in range(len(idx)):
+            term = jax.lax.slice_in_dim(x, int(idx[k]), int(idx[k]) + 1, axis=axis) * jnp.asarray(wt[k], x.dtype)
+            row = term if row is None else row + term
+        rows.append(row)
+    return rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=axis)
+
+
+def _apply_phases(x: jnp.ndarray, phases: list[Phase], taps: Taps, axis: int) -> jnp.ndarray:
+    """`apply_taps` phase by phase: shifted slices for the periodic rows, one-sample slices for the
+    others, the phases interleaved along ``axis`` (stack then reshape)."""
+    index, weight = taps
+    n_in, s = x.shape[axis], len(phases)
+    outs = []
+    for r, (lo, hi, offsets, weights) in enumerate(phases):
+        parts = []
+        if lo > 0:
+            parts.append(_rows_by_slices(x, index[r::s][:lo], weight[r::s][:lo], axis))
+        middle = None
+        for k in range(len(offsets)):
+            start = lo + int(offsets[k])
+            term = jax.lax.slice_in_dim(x, start, start + hi - lo, axis=axis) * jnp.asarray(weights[k], x.dtype)
+            middle = term if middle is None else middle + term
+        parts.append(middle)
+        if hi < n_in:
+            parts.append(_rows_by_slices(x, index[r::s][hi:], weight[r::s][hi:], axis))
+        outs.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=axis))
+    stacked = jnp.stack(outs, axis=axis + 1)
+    return stacked.reshape(x.shape[:axis] + (n_in * s,) + x.shape[axis + 1:])
 
 
 def resize_bilinear_antialias(image: jnp.ndarray, out_hw: tuple[int, int]) -> jnp.ndarray:

@@ -89,7 +89,11 @@ class ConvTranspose2d(nn.Module):
         k = self.kernel_size
         weight = self.param("weight", _zeros, (self.in_channels, self.out_channels, k, k))
         bias = self.param("bias", _zeros, (self.out_channels,))
-        y = jnp.einsum("...hwc,coab->...hawbo", x, weight.astype(x.dtype))
+        # [in, k, k, out] first (a small copy): the product's output rows are then whole (b, o)
+        # runs of the result, and interleaving them into (h, a, w, b, o) moves contiguous blocks of
+        # k * out values (forward) and gathers them (the reverse pass), not single values.
+        kernel = weight.transpose(0, 2, 3, 1).astype(x.dtype)
+        y = jnp.einsum("...hwc,cabo->...hawbo", x, kernel)
         h, w = x.shape[-3], x.shape[-2]
         return y.reshape(x.shape[:-3] + (h * k, w * k, self.out_channels)) + bias.astype(x.dtype)
 
@@ -125,37 +129,48 @@ class Linear(nn.Module):
         return y
 
 
-def _standardise(x: jnp.ndarray, eps: float) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """((x - mean) / sqrt(var + eps), sqrt(var + eps)) over the last axis (biased variance)."""
-    mean = jnp.mean(x, axis=-1, keepdims=True)
-    scale = jnp.sqrt(jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True) + eps)
+def _standardise(x: jnp.ndarray, eps: float, axes: tuple[int, ...]) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """((x - mean) / sqrt(var + eps), sqrt(var + eps)) over ``axes`` (biased variance, two passes)."""
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    scale = jnp.sqrt(jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True) + eps)
     return (x - mean) / scale, scale
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def standardise_last_axis(x: jnp.ndarray, eps: float) -> jnp.ndarray:
-    """LayerNorm without its affine part: f32[..., C] -> f32[..., C], torch's arithmetic.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def standardise(x: jnp.ndarray, eps: float, axes: tuple[int, ...]) -> jnp.ndarray:
+    """Normalisation without its affine part over ``axes``: f32[...] -> f32[...], torch's arithmetic.
 
+    ``(x - mean) / sqrt(var + eps)`` with the mean and the biased variance over
+    ``axes`` (LayerNorm: the last axis; ``GroupNorm(1, C)``: H, W and C).
     The reverse pass is the closed form ``(g - mean(g) - y mean(g y)) / s``
-    (``y`` the output, ``s`` the saved ``sqrt(var + eps)``), two row means,
-    instead of the transposes of the mean, the variance and the division that
-    autodiff derives; on XLA:CPU inside SimpleClick's blocks that derived pass
-    split into several fusions over the residual stream. Reverse mode only.
+    (``y`` the output, ``s`` the saved ``sqrt(var + eps)``), two means over
+    ``axes``, instead of the transposes of the mean, the variance and the
+    division that autodiff derives. On XLA:CPU the derived pass split into
+    several fusions over the residual stream inside SimpleClick's blocks, and
+    behind a GELU in its neck it took 3x the closed form's time
+    (docs/models/click_models.md). Reverse mode only.
     """
-    return _standardise(x, eps)[0]
+    return _standardise(x, eps, axes)[0]
 
 
-def _standardise_fwd(x, eps):
-    y, scale = _standardise(x, eps)
+def _standardise_fwd(x, eps, axes):
+    y, scale = _standardise(x, eps, axes)
     return y, (y, scale)
 
 
-def _standardise_bwd(eps, residuals, g):
+def _standardise_bwd(eps, axes, residuals, g):
     y, scale = residuals
-    return ((g - jnp.mean(g, axis=-1, keepdims=True) - y * jnp.mean(g * y, axis=-1, keepdims=True)) / scale,)
+    mean_g = jnp.mean(g, axis=axes, keepdims=True)
+    mean_gy = jnp.mean(g * y, axis=axes, keepdims=True)
+    return ((g - mean_g - y * mean_gy) / scale,)
 
 
-standardise_last_axis.defvjp(_standardise_fwd, _standardise_bwd)
+standardise.defvjp(_standardise_fwd, _standardise_bwd)
+
+
+def standardise_last_axis(x: jnp.ndarray, eps: float) -> jnp.ndarray:
+    """`standardise` over the last axis (LayerNorm without its affine part): f32[..., C]."""
+    return standardise(x, eps, (-1,))
 
 
 class LayerNorm(nn.Module):
@@ -171,17 +186,14 @@ class LayerNorm(nn.Module):
 
 
 class GroupNorm1(nn.Module):
-    """torch ``nn.GroupNorm(1, C)`` on f32[..., H, W, C] (statistics over H, W and C)."""
+    """torch ``nn.GroupNorm(1, C)`` on f32[..., H, W, C] (statistics over H, W and C; `standardise`)."""
 
     num_channels: int
     eps: float = 1e-5
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-        axes = (-3, -2, -1)
-        mean = jnp.mean(x, axis=axes, keepdims=True)
-        var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
-        y = (x - mean) / jnp.sqrt(var + self.eps)
+        y = standardise(x, self.eps, (-3, -2, -1))
         return y * self.param("weight", _ones, (self.num_channels,)) + \
             self.param("bias", _zeros, (self.num_channels,))
 
