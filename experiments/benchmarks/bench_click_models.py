@@ -127,6 +127,24 @@ def timed(fn, repeats: int) -> tuple[float, float]:
     return first, statistics.median(times)
 
 
+def cpu_description() -> str:
+    """The CPU's model name, family / model numbers and widest vector extension (Linux), e.g.
+    ``AMD EPYC, family 26 model 2, avx512``: machines of one name differ by a factor of 2 in
+    both libraries' speed, and not by the same factor (docs/models/click_models.md)."""
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = fields.get("flags", "").split()
+    vector = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "no avx2"
+    return (f"{fields.get('model name', 'unknown')}, family {fields.get('cpu family', '?')} "
+            f"model {fields.get('model', '?')}, {vector}")
+
+
 def davis_pairs(root: pathlib.Path) -> list[tuple[str, str]]:
     """(image, mask) paths of the shared DAVIS samples, sorted; empty when absent."""
     images = sorted((root / "davis" / "images").glob("*.jpg"))
@@ -545,7 +563,7 @@ def main(argv=None) -> int:
         first = refs[args.models[0]]
         header = [
             (f"# bench_click_models  {time.strftime('%Y-%m-%d %H:%M:%S')}  host {platform.node()}  "
-             f"cpus {os.cpu_count()}  load at start {load_start:.2f}"),
+             f"cpus {os.cpu_count()} ({cpu_description()})  load at start {load_start:.2f}"),
             (f"# jax {jax.__version__} ({jax.default_backend()}: {jax.devices()[0].device_kind}), "
              f"torch {torch.__version__} ({first['device']}, {first['threads']} threads)"),
             (f"# MALLOC env: {malloc or 'none (glibc defaults)'}"
