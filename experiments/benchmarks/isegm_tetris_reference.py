@@ -184,7 +184,8 @@ def tetris_trajectory(model, image, gt, *, maximise: bool, n_clicks: int = 10, n
 
     Returns:
       {"iou": [K], "biou": [K], "start_iou": [K] (iterate 0 of each click),
-       "clicks": [K, 2] (row, col)}.
+       "clicks": [K, 2] (row, col), "step": [K, 2] (one Adam step, the learning rate, in image
+       pixels along rows and columns)}.
     """
     torch = _torch()
     height, width = gt.shape
@@ -199,7 +200,7 @@ def tetris_trajectory(model, image, gt, *, maximise: bool, n_clicks: int = 10, n
     prob_np = np.zeros((height, width), np.float32)
     not_clicked = np.ones((height, width), np.float32)
     fixed = torch.zeros((2, height, width), device=device)
-    out = {"iou": [], "biou": [], "start_iou": [], "clicks": []}
+    out = {"iou": [], "biou": [], "start_iou": [], "clicks": [], "step": []}
     for _ in range(n_clicks):
         positive, row, col = next_click(gt, prob_np > thr, not_clicked)
         prev = prob_np > 0.5
@@ -242,6 +243,7 @@ def tetris_trajectory(model, image, gt, *, maximise: bool, n_clicks: int = 10, n
         out["iou"].append(best[0])
         out["biou"].append(best[1])
         out["clicks"].append((r, c))
+        out["step"].append((lr, lr))  # the image is the network input
     return {k: np.asarray(v, np.float64) for k, v in out.items()}
 
 
@@ -273,7 +275,7 @@ def predictor_trajectory(model, image, gt, *, target_hw, maximise: bool, n_click
     the accepted map is the zoom-in's previous map for the next click.
 
     Returns:
-      as `tetris_trajectory`.
+      as `tetris_trajectory` (``step`` through each click's crop scale).
     """
     torch = _torch()
     from isegm.inference.clicker import Click  # noqa: PLC0415
@@ -286,7 +288,7 @@ def predictor_trajectory(model, image, gt, *, target_hw, maximise: bool, n_click
     d, sign = boundary_width(height, width), (1.0 if maximise else -1.0)
     prob_np = np.zeros((height, width), np.float32)
     not_clicked = np.ones((height, width), np.float32)
-    clicks, out = [], {"iou": [], "biou": [], "start_iou": [], "clicks": []}
+    clicks, out = [], {"iou": [], "biou": [], "start_iou": [], "clicks": [], "step": []}
     for _ in range(n_clicks):
         positive, row, col = next_click(gt, prob_np > thr, not_clicked)
         clicks.append(Click(is_positive=bool(positive), coords=(float(row), float(col))))
@@ -306,7 +308,8 @@ def predictor_trajectory(model, image, gt, *, target_hw, maximise: bool, n_click
         dt = error_distance(gt_c.astype(bool), prev_c, positive, device)
         q = torch.tensor([tclicks[-1].coords[1], tclicks[-1].coords[0]], dtype=torch.float32, device=device,
                          requires_grad=True)
-        optimizer = torch.optim.Adam([q], lr=lr_mult * 5 * math.hypot(h, w) / (400 * math.sqrt(2)))
+        lr = lr_mult * 5 * math.hypot(h, w) / (400 * math.sqrt(2))
+        optimizer = torch.optim.Adam([q], lr=lr)
         best, best_loc, stored = ((-2.0, -2.0) if maximise else (2.0, 2.0)), 1e50, None
         for step in range(n_iterates):
             optimizer.zero_grad()
@@ -340,6 +343,7 @@ def predictor_trajectory(model, image, gt, *, target_hw, maximise: bool, n_click
         out["iou"].append(best[0])
         out["biou"].append(best[1])
         out["clicks"].append((r, c))
+        out["step"].append((lr * (rmax - rmin + 1) / h, lr * (cmax - cmin + 1) / w))
     return {k: np.asarray(v, np.float64) for k, v in out.items()}
 
 
