@@ -204,17 +204,14 @@ def periodic_phases(index: np.ndarray, weight: np.ndarray, in_size: int) -> list
     return phases
 
 
-def _rows_by_slices(x: jnp.ndarray, index: np.ndarray, weight: np.ndarray, axis: int) -> jnp.ndarray:
-    """Output samples ``sum_k x[index[o, k]] * weight[o, k]`` for a few rows ``o``, each tap a static
-    one-sample slice (the reverse pass pads instead of scattering): [..., len(index), ...]."""
-    rows = []
-    for idx, wt in zip(index, weight):
-        row = None
-        for k in range(len(idx)):
-            term = jax.lax.slice_in_dim(x, int(idx[k]), int(idx[k]) + 1, axis=axis) * jnp.asarray(wt[k], x.dtype)
-            row = term if row is None else row + term
-        rows.append(row)
-    return rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=axis)
+def _tap_sum(x: jnp.ndarray, starts, length: int, weights, axis: int) -> jnp.ndarray:
+    """``sum_k x[starts[k] : starts[k] + length] * weights[k]`` along ``axis`` (static slices, summed
+    in tap order; the reverse pass pads instead of scattering)."""
+    out = None
+    for start, weight in zip(starts, weights):
+        term = jax.lax.slice_in_dim(x, int(start), int(start) + length, axis=axis) * jnp.asarray(weight, x.dtype)
+        out = term if out is None else out + term
+    return out
 
 
 def _apply_phases(x: jnp.ndarray, phases: list[Phase], taps: Taps, axis: int) -> jnp.ndarray:
@@ -224,18 +221,10 @@ def _apply_phases(x: jnp.ndarray, phases: list[Phase], taps: Taps, axis: int) ->
     n_in, s = x.shape[axis], len(phases)
     outs = []
     for r, (lo, hi, offsets, weights) in enumerate(phases):
-        parts = []
-        if lo > 0:
-            parts.append(_rows_by_slices(x, index[r::s][:lo], weight[r::s][:lo], axis))
-        middle = None
-        for k in range(len(offsets)):
-            start = lo + int(offsets[k])
-            term = jax.lax.slice_in_dim(x, start, start + hi - lo, axis=axis) * jnp.asarray(weights[k], x.dtype)
-            middle = term if middle is None else middle + term
-        parts.append(middle)
-        if hi < n_in:
-            parts.append(_rows_by_slices(x, index[r::s][hi:], weight[r::s][hi:], axis))
-        outs.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=axis))
+        rows = [_tap_sum(x, index[r + s * i], 1, weight[r + s * i], axis) for i in range(lo)]
+        rows.append(_tap_sum(x, lo + offsets, hi - lo, weights, axis))
+        rows += [_tap_sum(x, index[r + s * i], 1, weight[r + s * i], axis) for i in range(hi, n_in)]
+        outs.append(rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=axis))
     stacked = jnp.stack(outs, axis=axis + 1)
     return stacked.reshape(x.shape[:axis] + (n_in * s,) + x.shape[axis + 1:])
 
