@@ -1,6 +1,6 @@
-"""Progress display for a run: tqdm when installed, else a plain periodic line.
+"""Progress display for a run: tqdm when installed (extra `progress`), else a plain periodic line.
 
-tqdm is not a dependency of the package; ``mode="auto"`` uses it when it can
+tqdm is not a core dependency; ``mode="auto"`` uses it when it can
 be imported and falls back to `PlainProgress`, which prints one line to the
 stream at most every ``interval_s`` seconds and once at the end.
 """
