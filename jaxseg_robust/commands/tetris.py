@@ -179,9 +179,14 @@ def tetris_configs(args):
 
 
 def protocol_config(args, model: LoadedModel, attack, baseline) -> dict:
-    """The run configuration recorded in (and compared on resume with) the manifest."""
+    """The run configuration recorded in (and compared on resume with) the manifest; ``records_format`` names
+    the records' layout (`jaxseg_robust.runner.rundir.check_records_format`)."""
+    from jaxseg_robust.attacks.clicks import RECORDS_FORMAT  # noqa: PLC0415
+    from jaxseg_robust.runner.rundir import RECORDS_FORMAT_KEY  # noqa: PLC0415
+
     config = model_config(COMMAND, args, model, mode=args.mode)
     config.update(n_clicks=args.n_clicks, baseline_clicks=0 if baseline is None else baseline.n_clicks)
+    config[RECORDS_FORMAT_KEY] = RECORDS_FORMAT
     if args.target_iou is not None:  # a table setting, recorded so that `jaxseg-robust report` shows the same table
         config["target_iou"] = args.target_iou
     if attack is not None:
