@@ -191,7 +191,8 @@ def test_breps_table_other_modes():
     table = breps_table([_record("d", "1", iou=0.5, biou=0.4, iou_resized=0.45)], "tight")
     assert table.rows[0].values["iou_tight_resized"] == pytest.approx(0.45)
     # the fixed tight box is a single-mask decode: its headers and CSV names say so
-    assert "IoU-Tight (single mask)" in to_markdown(table) and "IoU-Tight (resized, single mask)" in to_markdown(table)
+    assert "IoU-Tight@BBox (single mask)" in to_markdown(table)
+    assert "IoU-Tight (resized, single mask)" in to_markdown(table)
     assert to_csv(table).splitlines()[0] == ("dataset,ok,failed,undefined,iou_tight_single,biou_tight_single,"
                                              "iou_tight_single_resized")
     table = breps_table([_record("d", "1", mean_iou=0.5, mean_biou=0.4, mean_iou_resized=0.6)], "jitter")

@@ -193,7 +193,7 @@ def test_tetris_table_auc_delta_noc_and_mean_row():
     markdown = to_markdown(table)
     assert "| a | 2 | 1 | 30.00 | 70.00 | 40.00 |" in markdown and "| 3.00 | 3.50 | 1.00 | 1.00 |" in markdown
     lines = to_csv(table).splitlines()
-    assert lines[0].startswith("dataset,ok,failed,auc_clicks,noc_clicks,iou_min,iou_max,iou_delta")
+    assert lines[0].startswith("dataset,ok,failed,auc_clicks,noc_clicks,iou_min@3,iou_max@3,iou_delta@3")
     assert len(lines) == 4
 
 
@@ -320,6 +320,25 @@ def test_an_old_run_directory_without_masks_or_timings_still_reports(first_run, 
     assert not any(name.startswith("masks_") for name in names) and "clicks_toy_a0.png" in names
     text = (old / "report" / "report.md").read_text()
     assert "NoC@80" in text and "s/click" not in text
+
+
+def test_a_run_directory_of_the_older_records_layout_is_refused_in_one_line(first_run, tmp_path, capsys):
+    import shutil
+
+    folder, out, _, _, _ = first_run
+    old = tmp_path / "old_layout"  # the run as the version before (x, y) clicks wrote it: no records_format
+    shutil.copytree(out, old, ignore=shutil.ignore_patterns("report"))
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["config"]["records_format"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    records = (old / "records.jsonl").read_text()
+    for extra in ((), ("--allow-manifest-mismatch",)):  # never resumed: it would mix two layouts
+        code, _, err = run_cli(tetris_argv(folder, old, "--batch-size", "2", *extra), capsys)
+        assert code == cli.EXIT_FAILURE
+        errors = [line for line in err.splitlines() if "error:" in line]
+        assert len(errors) == 1 and "older layout" in errors[0] and RECORDS_FORMAT in errors[0]
+        assert err.rstrip().endswith(errors[0])  # one line, nothing after it
+    assert (old / "records.jsonl").read_text() == records
 
 
 def test_target_iou_adds_its_noc_column_and_stops_nothing(tmp_path, capsys):

@@ -31,7 +31,7 @@ shows them x100 (the papers' convention). The two tight boxes differ (a
 multimask decode can pick another mask than the single-mask output), so the
 Markdown headers and the CSV names of the tight columns say how the box was
 decoded (`TIGHT_DECODING`): ``IoU-Tight@BBox (multimask + selection)`` /
-``iou_tight_multimask`` for the attacks, ``IoU-Tight (single mask)`` /
+``iou_tight_multimask`` for the attacks, ``IoU-Tight@BBox (single mask)`` /
 ``iou_tight_single`` (``iou_tight_single_resized``) for the ``tight`` mode;
 the box grid's tight column says the same (`jaxseg_robust.reports.grid`).
 """
