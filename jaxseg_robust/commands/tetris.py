@@ -12,9 +12,10 @@ IoU/BIoU-AuC and RITM's NoC@80/85/90 and >=20@85/90 come from it
 
 Records (``RUN_DIR/records.jsonl``, one JSON line per instance): per
 trajectory (``min``, ``max``, ``baseline``) the per-click outputs of
-`jaxseg_robust.attacks.clicks.trajectory_outputs` (clicks (row, col), signs,
-IoU, BIoU, iterate-0 scores, location losses, accepted steps, per-instance
-AuC; ``--record-iterates`` adds the per-iterate log) and ``source`` (the
+`jaxseg_robust.attacks.clicks.trajectory_outputs` (``clicks_xy`` (x, y) in
+original-image pixels, signs, IoU, BIoU, iterate-0 scores, location losses,
+accepted steps, the per-instance ``auc_iou@K`` over the trajectory's K clicks;
+``--record-iterates`` adds the per-iterate log) and ``source`` (the
 image file and evaluated size, for the report's plots). Beside them
 (`jaxseg_robust.reports.artifacts`): each trajectory's final predicted mask
 (``RUN_DIR/masks/``) and the seconds of the jitted batch call per instance
