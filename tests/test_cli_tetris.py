@@ -341,6 +341,23 @@ def test_a_run_directory_of_the_older_records_layout_is_refused_in_one_line(firs
     assert (old / "records.jsonl").read_text() == records
 
 
+def test_click_plot_draws_each_recorded_xy_click_at_its_pixel(first_run, monkeypatch, tmp_path):
+    import jaxseg_robust.reports.figures as figures
+    from jaxseg_robust.reports.tetris import _click_plot
+
+    _, out, _, _, _ = first_run
+    record = records_by_status(out)[0]["a0"]
+    drawn = {}
+    monkeypatch.setattr(figures, "plot_prompts", lambda image, path, **kwargs: drawn.update(kwargs) or path)
+    _click_plot(record, ("min", "baseline"), tmp_path / "clicks.png")
+    for label, (points, positive) in drawn["clicks"].items():
+        part = record["payload"][label.split()[0]]
+        # the plot functions take (row, col): the recorded (x, y) arrive swapped, the signs unchanged
+        np.testing.assert_array_equal(points, np.asarray(part["clicks_xy"], np.float64)[:, ::-1])
+        np.testing.assert_array_equal(positive, part["is_positive"])
+    assert len(drawn["clicks"]) == 2
+
+
 def test_target_iou_adds_its_noc_column_and_stops_nothing(tmp_path, capsys):
     folder = make_folder(tmp_path, bad=False)
     out = tmp_path / "run"

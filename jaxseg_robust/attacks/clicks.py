@@ -448,6 +448,11 @@ _BASELINE_FIELDS = ("clicks", "is_positive", "has_mask_input", "iou", "biou", "s
 _XY_NAMES = {"clicks": "clicks_xy", "baseline_clicks": "baseline_clicks_xy", "click": "click_xy"}
 
 
+def _with_xy_clicks(fields: dict) -> dict:
+    """``fields`` with each (row, col) click field (`_XY_NAMES`) as (x, y) under its ``_xy`` name."""
+    return {_XY_NAMES.get(name, name): xy_of(value) if name in _XY_NAMES else value for name, value in fields.items()}
+
+
 def auc_name(curve: str, n_clicks: int) -> str:
     """The record key of a trajectory's per-instance AuC over its K clicks: ``auc_iou@10``, ``auc_biou@20``."""
     return f"auc_{curve}@{n_clicks}"
@@ -464,19 +469,15 @@ def trajectory_outputs(result: ClickTrajectory, config: TetrisConfig) -> dict:
     losses, steps) are left out for the baseline.
     """
     fields = _PER_CLICK_FIELDS if config.optimises else _BASELINE_FIELDS
-    outputs = {_XY_NAMES.get(name, name): getattr(result, name) for name in fields}
-    for name in ("clicks_xy", "baseline_clicks_xy"):
-        if name in outputs:
-            outputs[name] = xy_of(outputs[name])
+    outputs = _with_xy_clicks({name: getattr(result, name) for name in fields})
     outputs["learning_rate"] = result.learning_rate
     for name in ("iou", "biou"):
         curve = getattr(result, name)
         outputs[auc_name(name, config.n_clicks)] = (normalized_auc(curve) if config.n_clicks > 1
                                                     else jnp.full(curve.shape[:-1], jnp.nan, jnp.float32))
     if config.record_trajectory and config.optimises:
-        iterates = {field.name: getattr(result.iterates, field.name) for field in dataclasses.fields(result.iterates)}
-        iterates["click"] = xy_of(iterates["click"])
-        outputs["iterates"] = {_XY_NAMES.get(name, name): value for name, value in iterates.items()}
+        outputs["iterates"] = _with_xy_clicks({field.name: getattr(result.iterates, field.name)
+                                               for field in dataclasses.fields(result.iterates)})
     if config.return_mask:
         outputs["mask"] = result.mask
     return outputs
