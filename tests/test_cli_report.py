@@ -46,7 +46,8 @@ def rclicks_batch(batch):
     curve = np.linspace(0.5, 0.95, 5, dtype=np.float32)
     clicks = np.array([[3 + k, 7 + 2 * k, int(k % 2 == 0)] for k in range(5)], np.int32)  # (x, y, is_positive)
     return {"base_iou": np.tile(curve, (count, 1)), "group_iou": np.tile(curve * 0.9, (count, 10, 1)),
-            "base_clicks": np.tile(clicks, (count, 1, 1)), "group_clicks": np.tile(clicks + [1, 0, 0], (count, 10, 1, 1))}
+            "base_clicks": np.tile(clicks, (count, 1, 1)),
+            "group_clicks": np.tile(clicks + [1, 0, 0], (count, 10, 1, 1))}
 
 
 def make_run(out, instances, batch_fn, config, finalize=None):

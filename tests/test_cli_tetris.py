@@ -68,7 +68,7 @@ def test_records_hold_min_max_and_baseline_trajectories(first_run):
         assert set(payload) == {"min", "max", "baseline", "source"}
         assert len(payload["min"]["iou"]) == len(payload["max"]["clicks_xy"]) == CLICKS
         assert len(payload["baseline"]["iou"]) == BASELINE_CLICKS
-        clicks = np.asarray(payload["min"]["clicks_xy"] + payload["max"]["clicks_xy"] + payload["baseline"]["clicks_xy"])
+        clicks = np.asarray([c for t in ("min", "max", "baseline") for c in payload[t]["clicks_xy"]])
         assert (clicks >= 0).all() and (clicks[:, 0] <= WIDTH - 1).all() and (clicks[:, 1] <= HEIGHT - 1).all()
         # each trajectory's per-instance AuC is named with its own number of clicks
         assert {k for k in payload["min"] if k.startswith("auc_")} == {f"auc_iou@{CLICKS}", f"auc_biou@{CLICKS}"}
