@@ -262,7 +262,7 @@ def test_minmax_brackets_iterate_zero_and_replays_the_acceptance_rule(attacked):
                 assert part["n_accepted"][slot, click] == sum(flags)
                 for name, log_name in (("iou", "iou"), ("biou", "biou"), ("location_loss", "location")):
                     np.testing.assert_array_equal(part[name][slot, click], logs[log_name][best_step])
-                np.testing.assert_array_equal(part["clicks"][slot, click], logs["click"][best_step])
+                np.testing.assert_array_equal(part["clicks_xy"][slot, click], logs["click_xy"][best_step])
                 # every accepted Lloc is within 5 % of the previously accepted one
                 accepted = logs["location"][np.asarray(flags)]
                 assert (accepted[1:] <= np.float32(1.05) * accepted[:-1]).all()
@@ -271,7 +271,7 @@ def test_minmax_brackets_iterate_zero_and_replays_the_acceptance_rule(attacked):
             assert np.isfinite(iterates["loss"][slot]).all()
     # the clicks moved somewhere, and the modes share click 1's start
     assert (out["min"]["best_step"] > 0).any() and (out["max"]["best_step"] > 0).any()
-    np.testing.assert_array_equal(out["min"]["baseline_clicks"][:, 0], out["max"]["baseline_clicks"][:, 0])
+    np.testing.assert_array_equal(out["min"]["baseline_clicks_xy"][:, 0], out["max"]["baseline_clicks_xy"][:, 0])
     np.testing.assert_array_equal(out["min"]["start_iou"][:, 0], out["max"]["start_iou"][:, 0])
 
 
@@ -285,19 +285,19 @@ def test_clicks_are_valid(attacked, model):
         _, transform = seg.preprocess(instance.image)
         sx, sy = np.asarray(transform.scale_xy)
         for part in (out["min"], out["max"]):
-            clicks = part["clicks"][slot]
-            assert (clicks[:, 0] >= 0).all() and (clicks[:, 0] <= height - 1).all()
-            assert (clicks[:, 1] >= 0).all() and (clicks[:, 1] <= width - 1).all()
+            clicks = part["clicks_xy"][slot]  # (x, y)
+            assert (clicks[:, 0] >= 0).all() and (clicks[:, 0] <= width - 1).all()
+            assert (clicks[:, 1] >= 0).all() and (clicks[:, 1] <= height - 1).all()
             # click 1 starts at the deepest interior point of the GT, positive
             assert part["is_positive"][slot, 0] and first[0]
-            np.testing.assert_array_equal(part["baseline_clicks"][slot, 0], first[1:])
+            np.testing.assert_array_equal(part["baseline_clicks_xy"][slot, 0], [first[2], first[1]])  # (x, y)
             iterates = part["iterates"]
             np.testing.assert_allclose(iterates["point_resized"][slot, 0, 0],
                                        [first[2] * sx, first[1] * sy], rtol=1e-6)
             # the reported click is the resized point mapped back and clipped
             q = iterates["point_resized"][slot]
-            want = np.stack([np.clip(q[..., 1] / sy, 0, height - 1), np.clip(q[..., 0] / sx, 0, width - 1)], -1)
-            np.testing.assert_allclose(iterates["click"][slot], want, rtol=1e-5, atol=1e-4)
+            want = np.stack([np.clip(q[..., 0] / sx, 0, width - 1), np.clip(q[..., 1] / sy, 0, height - 1)], -1)
+            np.testing.assert_allclose(iterates["click_xy"][slot], want, rtol=1e-5, atol=1e-4)
             np.testing.assert_allclose(part["learning_rate"][slot],
                                        LR_MULT * 5 * math.hypot(height, width) / (400 * 2 ** 0.5), rtol=1e-6)
             # mask input: reset while max(#pos, #neg) <= 1 (current click included)
@@ -324,7 +324,7 @@ def test_reported_metrics_of_the_final_mask(attacked):
             np.testing.assert_allclose(part["selection_iou"][slot, -1], np.nan_to_num(mask_iou(gt == 1, mask)),
                                        rtol=1e-6)
             curve = part["iou"][slot]
-            np.testing.assert_allclose(part["auc_iou"][slot],
+            np.testing.assert_allclose(part[f"auc_iou@{CLICKS}"][slot],
                                        (curve.sum() - 0.5 * (curve[0] + curve[-1])) / (CLICKS - 1), rtol=1e-6)
 
 
@@ -348,7 +348,7 @@ def test_batched_equals_one_instance(single, attacked):
     out = attacked[1]["min"]
     np.testing.assert_allclose(result.iterates.point_resized, out["iterates"]["point_resized"][1], atol=1e-3)
     np.testing.assert_allclose(result.iterates.loss, out["iterates"]["loss"][1], atol=1e-5)
-    np.testing.assert_allclose(result.clicks, out["clicks"][1], atol=1e-3)
+    np.testing.assert_allclose(result.clicks[:, ::-1], out["clicks_xy"][1], atol=1e-3)  # (row, col) -> (x, y)
     np.testing.assert_allclose(result.iou, out["iou"][1], atol=2e-3)
     np.testing.assert_array_equal(result.is_positive, out["is_positive"][1])
 
@@ -400,7 +400,7 @@ def test_one_update_equals_the_spec(single, model):
 def test_baseline_trajectory_equals_the_restated_loop(baseline, attacked, model):
     seg, params = model
     fn, out = baseline
-    assert fn.traces == 1 and out["clicks"].shape == (3, CLICKS, 2)
+    assert fn.traces == 1 and out["clicks_xy"].shape == (3, CLICKS, 2)
     embed = jax.jit(seg.embed)
     decode = jax.jit(seg.decode)  # one compile: every image is given in the bucket frame
     low = seg.config.low_res_size
@@ -424,14 +424,14 @@ def test_baseline_trajectory_equals_the_restated_loop(baseline, attacked, model)
             low_res = np.asarray(prediction.selected_low_res)
             pred = np.asarray(jax.nn.sigmoid(prediction.logits))[:height, :width] > 0.5
             ious.append(float(mask_iou(target, pred, valid)))
-            np.testing.assert_array_equal(out["clicks"][slot, click], [row, col])
+            np.testing.assert_array_equal(out["clicks_xy"][slot, click], [col, row])  # (x, y)
             assert out["is_positive"][slot, click] == positive
             assert out["has_mask_input"][slot, click] == has_mask
         np.testing.assert_allclose(out["iou"][slot], ious, atol=2e-3)
     # click 1 of the attacks starts from the baseline's click 1 with the same score,
     # so MIN <= baseline <= MAX there (same, empty history)
     for part, maximise in ((attacked[1]["min"], False), (attacked[1]["max"], True)):
-        np.testing.assert_array_equal(part["baseline_clicks"][:, 0], out["clicks"][:, 0].astype(np.int32))
+        np.testing.assert_array_equal(part["baseline_clicks_xy"][:, 0], out["clicks_xy"][:, 0].astype(np.int32))
         np.testing.assert_allclose(part["start_selection_iou"][:, 0], out["selection_iou"][:, 0], atol=2e-3)
         if maximise:
             assert (part["selection_iou"][:, 0] >= out["selection_iou"][:, 0] - 2e-3).all()
@@ -444,7 +444,7 @@ def test_one_trace_per_bucket_engine_run_and_resume(attacked, tmp_path):
     other = shard_batch(pad_batch(OTHER, FRAME, 3), data_mesh())  # other sizes, a ragged tail, same frame
     out = jax.device_get(fn(other))
     assert fn.traces == 1
-    assert np.isfinite(out["max"]["clicks"]).all()
+    assert np.isfinite(out["max"]["clicks_xy"]).all()
     config = {"protocol": "tetris-minmax", "n_clicks": CLICKS}
     full = run(INSTANCES + OTHER, fn, tmp_path / "full", 3, config=config, frame_policy=FixedFrame(*FRAME),
                progress="none")
@@ -469,7 +469,7 @@ def test_one_trace_per_bucket_engine_run_and_resume(attacked, tmp_path):
     assert uninterrupted.keys() == resumed_records.keys() == {f"im{i}" for i in range(5)}
     for key, payload in uninterrupted.items():
         for mode in ("min", "max"):
-            np.testing.assert_allclose(payload[mode]["clicks"], resumed_records[key][mode]["clicks"], atol=1e-4)
+            np.testing.assert_allclose(payload[mode]["clicks_xy"], resumed_records[key][mode]["clicks_xy"], atol=1e-4)
             np.testing.assert_allclose(payload[mode]["iou"], resumed_records[key][mode]["iou"], atol=1e-6)
             np.testing.assert_array_equal(payload[mode]["is_positive"], resumed_records[key][mode]["is_positive"])
     scores = tetris_scores(list(uninterrupted.values()), num_clicks=CLICKS)
@@ -491,7 +491,7 @@ def test_tetris_scores_by_hand():
     combined = tetris_scores([{"min": a, "max": b} for a, b in zip(low, high)], num_clicks=3)
     assert combined == pytest.approx(scores)
     one = trajectory_scores(high, num_clicks=3, noc_thresholds=(0.85,))
-    assert one["iou_auc"] == pytest.approx(0.8, abs=1e-6)
+    assert one["auc_iou@3"] == pytest.approx(0.8, abs=1e-6) and "auc_iou" not in one
     assert one["noc@85"] == pytest.approx((2 + 3) / 2)
     assert one["nof@85"] == 1
     np.testing.assert_allclose(one["mean_iou"], [0.7, 0.8, 0.9], atol=1e-6)

@@ -153,8 +153,9 @@ def test_click_grid_equals_one_click_at_a_time(click_batch, one_at_a_time):
     # extremes: first in row-major order among the finite cells
     for name, heat in (("iou", iou), ("biou", biou)):
         assert out[f"{name}_min"][0] == np.nanmin(heat) and out[f"{name}_max"][0] == np.nanmax(heat)
-        assert tuple(out[f"{name}_argmin"][0]) == np.unravel_index(np.nanargmin(heat), FRAME)
-        assert tuple(out[f"{name}_argmax"][0]) == np.unravel_index(np.nanargmax(heat), FRAME)
+        # (x, y) = (col, row) of the extreme
+        assert tuple(out[f"{name}_argmin_xy"][0]) == np.unravel_index(np.nanargmin(heat), FRAME)[::-1]
+        assert tuple(out[f"{name}_argmax_xy"][0]) == np.unravel_index(np.nanargmax(heat), FRAME)[::-1]
 
 
 def test_stride_chunk_and_region(model, framed, click_batch):
@@ -354,15 +355,16 @@ def test_click_grid_batch_fn_and_engine(click_batch, tmp_path):
     for slot, instance in enumerate(INSTANCES[:2]):
         height, width = instance.gt.shape
         assert out["n_evaluated"][slot] == height * width
-        assert tuple(out["first_click"][slot]) == _baseline_first_click(instance.gt)
-        np.testing.assert_array_equal(out["baseline_click"][slot], out["first_click"][slot])
-        row, col = out["baseline_click"][slot]
-        np.testing.assert_allclose(out["baseline_iou"][slot], out["iou"][slot, row, col], atol=1e-6)
+        assert tuple(out["first_click_xy"][slot]) == _baseline_first_click(instance.gt)[::-1]  # (x, y)
+        np.testing.assert_array_equal(out["baseline_click_xy"][slot], out["first_click_xy"][slot])
+        assert out["grid_click_positive"][slot]  # no prefix: the grid click is a positive first click
+        x, y = out["baseline_click_xy"][slot]
+        np.testing.assert_allclose(out["baseline_iou"][slot], out["iou"][slot, y, x], atol=1e-6)
         assert out["iou_min"][slot] <= out["baseline_iou"][slot] <= out["iou_max"][slot]
-        r, c = out["iou_argmax"][slot]
-        assert out["iou"][slot, r, c] == out["iou_max"][slot] == np.nanmax(out["iou"][slot])
-        r, c = out["biou_argmin"][slot]
-        assert out["biou"][slot, r, c] == out["biou_min"][slot] == np.nanmin(out["biou"][slot])
+        x, y = out["iou_argmax_xy"][slot]
+        assert out["iou"][slot, y, x] == out["iou_max"][slot] == np.nanmax(out["iou"][slot])
+        x, y = out["biou_argmin_xy"][slot]
+        assert out["biou"][slot, y, x] == out["biou_min"][slot] == np.nanmin(out["biou"][slot])
     # the engine: another batch shape-alike, ragged tail, no recompilation
     summary = run(INSTANCES, fn, tmp_path / "run", 2, config={"protocol": "click-grid"},
                   frame_policy=FixedFrame(*FRAME), progress="none")
@@ -390,14 +392,14 @@ def test_second_click_grid_batch_fn(model):
         x, transform = seg.preprocess(instance.image, frame_hw=FRAME)
         features = embed(params, x)
         row0, col0 = _baseline_first_click(gt)
-        assert tuple(out["first_click"][slot]) == (row0, col0)
+        assert tuple(out["first_click_xy"][slot]) == (col0, row0)
         first = decode(features, make_prompts([[col0, row0]], [1], mask_shape=(low, low)), transform)
         pred = np.asarray(jax.nn.sigmoid(first.logits))[:height, :width] > 0.5
         not_clicked = np.ones(gt.shape, bool)
         not_clicked[row0, col0] = False
         positive, row1, col1 = next_click(gt == 1, pred, not_clicked, gt != -1)
         assert bool(out["grid_click_positive"][slot]) == bool(positive)
-        assert tuple(out["baseline_click"][slot]) == (int(row1), int(col1))
+        assert tuple(out["baseline_click_xy"][slot]) == (int(col1), int(row1))
         error = ((gt == 1) & ~pred) if positive else ((gt == 0) & pred)
         np.testing.assert_array_equal(out["evaluated"][slot, :height, :width], error)
         assert not out["evaluated"][slot, height:].any() and not out["evaluated"][slot, :, width:].any()

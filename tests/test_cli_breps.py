@@ -178,9 +178,10 @@ def test_breps_table_minmax_means_delta_failed_and_nan():
     assert mean.values["iou_min"] == pytest.approx((0.4 + 0.3) / 2)
     markdown = to_markdown(table)
     assert "| a | 2 | 1 | 70.00 | 40.00 | 80.00 | 40.00 | 0 |" in markdown and "undefined" in markdown
+    assert "IoU-Tight@BBox (multimask + selection)" in markdown  # the attack's iterate 0 is a multimask decode
     lines = to_csv(table).splitlines()
-    assert lines[0].startswith("dataset,ok,failed,undefined,iou_tight,iou_min,iou_max,iou_delta")
-    assert len(lines) == 4
+    assert lines[0].startswith("dataset,ok,failed,undefined,iou_tight_multimask,iou_min,iou_max,iou_delta")
+    assert "biou_tight_multimask" in lines[0] and len(lines) == 4
 
 
 def test_breps_table_other_modes():
@@ -189,6 +190,11 @@ def test_breps_table_other_modes():
     assert table.rows[0].values["iou_min"] == pytest.approx(0.3)
     table = breps_table([_record("d", "1", iou=0.5, biou=0.4, iou_resized=0.45)], "tight")
     assert table.rows[0].values["iou_tight_resized"] == pytest.approx(0.45)
+    # the fixed tight box is a single-mask decode: its headers and CSV names say so
+    assert "IoU-Tight@BBox (single mask)" in to_markdown(table)
+    assert "IoU-Tight (resized, single mask)" in to_markdown(table)
+    assert to_csv(table).splitlines()[0] == ("dataset,ok,failed,undefined,iou_tight_single,biou_tight_single,"
+                                             "iou_tight_single_resized")
     table = breps_table([_record("d", "1", mean_iou=0.5, mean_biou=0.4, mean_iou_resized=0.6)], "jitter")
     assert table.rows[0].values["iou_jitter"] == pytest.approx(0.5)
     users = [_record("d", "1", iou=[0.5, 0.7], iou_resized=[0.4, 0.6]),

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxseg_robust import cli
+from jaxseg_robust.attacks.grid.clicks import RECORDS_FORMAT as CLICK_GRID_RECORDS_FORMAT
 from jaxseg_robust.commands.grid import crop_outputs, heatmap_path
 from jaxseg_robust.reports.grid import grid_table, load_heatmaps, to_csv, to_markdown
 
@@ -74,15 +75,17 @@ def test_click_grid_records_heatmaps_and_extremes(click_run):
         np.testing.assert_array_equal(maps["rows"], np.arange(0, HEIGHT, CLICK_STRIDE))
         assert payload["iou_min"] == pytest.approx(np.nanmin(maps["iou"]))
         assert payload["iou_max"] == pytest.approx(np.nanmax(maps["iou"]))
-        row, col = payload["iou_argmax"]
-        assert maps["iou"][row // CLICK_STRIDE, col // CLICK_STRIDE] == pytest.approx(payload["iou_max"])
+        x, y = payload["iou_argmax_xy"]
+        assert maps["iou"][y // CLICK_STRIDE, x // CLICK_STRIDE] == pytest.approx(payload["iou_max"])
         assert payload["n_evaluated"] == rows * cols and maps["evaluated"].all()
-        assert 0 <= payload["baseline_click"][0] < HEIGHT and 0 <= payload["baseline_click"][1] < WIDTH
+        assert 0 <= payload["baseline_click_xy"][0] < WIDTH and 0 <= payload["baseline_click_xy"][1] < HEIGHT
+        assert payload["grid_click_positive"] is True and "baseline_click" not in payload
         assert 0.0 <= payload["baseline_iou"] <= 1.0
         assert payload["source"]["size"] == [HEIGHT, WIDTH]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["protocol"] == "grid" and manifest["config"]["kind"] == "click"
     assert manifest["config"]["multimask_output"] is True and manifest["config"]["stride"] == CLICK_STRIDE
+    assert manifest["config"]["records_format"] == CLICK_GRID_RECORDS_FORMAT
     cells = table_cells(stdout)
     assert cells[:3] == ["toy", "3", "2"]
     assert float(cells[3]) == pytest.approx(100 * np.mean([r["payload"]["iou_min"] for r in ok.values()]), abs=0.006)
@@ -108,7 +111,11 @@ def test_box_grid_records_heatmaps_and_extremes(box_run):
         assert payload["iou_min"] <= payload["iou_max"] and 0.0 <= payload["tight_iou"] <= 1.0
         x1, y1, x2, y2 = payload["tight_box"]
         assert 0 <= x1 <= x2 < WIDTH and 0 <= y1 <= y2 < HEIGHT
-    assert "IoU Tight box" in stdout
+    assert "IoU Tight box (single mask)" in stdout  # the box grid decodes every box with the single-mask output
+    with open(out / "summary.csv", newline="") as handle:
+        row = next(csv.DictReader(handle))
+    assert float(row["iou_tight_single"]) == pytest.approx(np.mean([r["payload"]["tight_iou"] for r in ok.values()]))
+    assert "iou_tight" not in row and "biou_tight_single" in row
 
 
 def test_resume_skips_and_a_mismatch_is_refused(folder, click_run, capsys):
@@ -206,6 +213,13 @@ def test_grid_table_means_nan_failed_and_errors():
     assert mean.values["iou_max"] == pytest.approx(0.75)
     assert "| a | 2 | 1 | 20.00 | 70.00 | 60.00 |" in to_markdown(table)
     assert to_csv(table).splitlines()[0] == "dataset,ok,failed,iou_min,iou_max,iou_base,biou_min,biou_max,biou_base"
+    box = dict(iou_min=0.2, iou_max=0.8, tight_iou=0.6, biou_min=0.1, biou_max=0.4, tight_biou=0.3)
+    single, multimask = grid_table([record("a", "1", **box)], "box"), grid_table([record("a", "1", **box)], "box", True)
+    assert "IoU Tight box (single mask)" in to_markdown(single)  # the command's default for boxes
+    assert "IoU Tight box (multimask + selection)" in to_markdown(multimask)
+    assert to_csv(single).splitlines()[0] == ("dataset,ok,failed,iou_min,iou_max,iou_tight_single,biou_min,biou_max,"
+                                              "biou_tight_single")
+    assert "iou_tight_multimask" in to_csv(multimask).splitlines()[0]
     with pytest.raises(ValueError, match="a/1"):
         grid_table([record("a", "1", **click)], "box")
     with pytest.raises(ValueError, match="kind"):
@@ -221,3 +235,21 @@ def test_help_says_how_to_pick_the_device(capsys):
 def test_startup_lines_on_stderr(click_run):
     *_, stderr = click_run
     assert "loading sam_tiny ..." in stderr and "compiling the click grid program for bucket 64x64" in stderr
+
+
+def test_click_grid_heatmap_marks_the_recorded_xy_clicks_where_they_are(monkeypatch, tmp_path):
+    import jaxseg_robust.reports.figures as figures
+    from jaxseg_robust.reports.grid import plot_box_grid, plot_click_grid
+
+    drawn = {}
+    monkeypatch.setattr(figures, "plot_heatmap", lambda *args, **kwargs: drawn.update(kwargs) or args[1])
+    payload = {"baseline_click_xy": [7, 3], "iou_argmin_xy": [-1, -1], "iou_argmax_xy": [12, 5], "iou_min": 0.1,
+               "iou_max": 0.9, "baseline_iou": 0.5}
+    maps = {"iou": np.zeros((6, 13)), "rows": np.arange(6), "cols": np.arange(13)}
+    plot_click_grid({"dataset": "d", "id": "1", "payload": payload}, maps, tmp_path / "click.png")
+    assert drawn["markers"] == {"baseline click": (7, 3), "max": (12, 5)}  # (x, y) as recorded; no extreme: none
+    box = {"tight_hw": [4, 9], "iou_argmin_hw": [0, 2], "iou_argmax_hw": [5, 8], "iou_min": 0.0, "iou_max": 0.9,
+           "tight_iou": 0.8}
+    maps = {"iou": np.zeros((6, 13)), "heights": np.arange(6), "widths": np.arange(13)}
+    plot_box_grid({"dataset": "d", "id": "1", "payload": box}, maps, tmp_path / "box.png")
+    assert drawn["markers"] == {"tight box": (9, 4), "min": (2, 0), "max": (8, 5)}  # (h, w) drawn at (w, h)

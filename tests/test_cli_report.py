@@ -44,7 +44,10 @@ def breps_batch(batch):
 def rclicks_batch(batch):
     count = np.asarray(batch.gt).shape[0]
     curve = np.linspace(0.5, 0.95, 5, dtype=np.float32)
-    return {"base_iou": np.tile(curve, (count, 1)), "group_iou": np.tile(curve * 0.9, (count, 10, 1))}
+    clicks = np.array([[3 + k, 7 + 2 * k, int(k % 2 == 0)] for k in range(5)], np.int32)  # (x, y, is_positive)
+    return {"base_iou": np.tile(curve, (count, 1)), "group_iou": np.tile(curve * 0.9, (count, 10, 1)),
+            "base_clicks": np.tile(clicks, (count, 1, 1)),
+            "group_clicks": np.tile(clicks + [1, 0, 0], (count, 10, 1, 1))}
 
 
 def make_run(out, instances, batch_fn, config, finalize=None):
@@ -119,6 +122,21 @@ def test_rclicks_report_writes_the_per_click_ious_csv(runs, tmp_path):
     g10 = [r for r in rows if r["id"] == "a1" and r["trajectory"] == "G10"]
     assert [int(r["click"]) for r in g10] == [1, 2, 3, 4, 5]
     assert float(g10[2]["iou"]) == float(np.float32(curve[2] * np.float32(0.9)))
+    # each click's (x, y) and label, as recorded
+    assert [(r["x"], r["y"], r["label"]) for r in base[:2]] == [("3", "7", "1"), ("4", "9", "0")]
+    assert (g10[1]["x"], g10[1]["y"], g10[1]["label"]) == ("5", "9", "0")
+
+
+def test_a_run_of_an_older_records_layout_is_refused_in_one_line(tmp_path, capsys):
+    def old_tetris_batch(batch):  # the layout before clicks were (x, y): (row, col) under "clicks"
+        count = np.asarray(batch.gt).shape[0]
+        return {"min": {"iou": np.full((count, 3), 0.5, np.float32), "clicks": np.zeros((count, 3, 2), np.float32)}}
+
+    instances = folder_instances(make_folder(tmp_path, bad=False))
+    old = make_run(tmp_path / "old", instances, old_tetris_batch, {"protocol": "tetris"})
+    code, _, err = run_cli(["report", str(old)], capsys)
+    assert code == cli.EXIT_FAILURE
+    assert len(err.strip().splitlines()) == 1 and "older layout" in err and str(old) in err
 
 
 def test_rclicks_report_uses_the_recorded_click_budget(runs, tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxseg_robust import cli
+from jaxseg_robust.attacks.clicks import RECORDS_FORMAT
 from jaxseg_robust.reports.tetris_scores import trajectory_scores
 from jaxseg_robust.reports.tetris import tetris_table, to_csv, to_markdown
 from jaxseg_robust.runner.records import latest_records, read_run_records
@@ -65,10 +66,15 @@ def test_records_hold_min_max_and_baseline_trajectories(first_run):
     for name, record in ok.items():
         payload = record["payload"]
         assert set(payload) == {"min", "max", "baseline", "source"}
-        assert len(payload["min"]["iou"]) == len(payload["max"]["clicks"]) == CLICKS
+        assert len(payload["min"]["iou"]) == len(payload["max"]["clicks_xy"]) == CLICKS
         assert len(payload["baseline"]["iou"]) == BASELINE_CLICKS
-        clicks = np.asarray(payload["min"]["clicks"] + payload["max"]["clicks"] + payload["baseline"]["clicks"])
-        assert (clicks >= 0).all() and (clicks[:, 0] <= HEIGHT - 1).all() and (clicks[:, 1] <= WIDTH - 1).all()
+        clicks = np.asarray([c for t in ("min", "max", "baseline") for c in payload[t]["clicks_xy"]])
+        assert (clicks >= 0).all() and (clicks[:, 0] <= WIDTH - 1).all() and (clicks[:, 1] <= HEIGHT - 1).all()
+        # each trajectory's per-instance AuC is named with its own number of clicks
+        assert {k for k in payload["min"] if k.startswith("auc_")} == {f"auc_iou@{CLICKS}", f"auc_biou@{CLICKS}"}
+        assert {k for k in payload["baseline"] if k.startswith("auc_")} == {
+            f"auc_iou@{BASELINE_CLICKS}", f"auc_biou@{BASELINE_CLICKS}"}
+        assert "clicks" not in payload["min"] and "baseline_clicks" not in payload["max"]
         # click 1 of MIN / MAX starts from the same empty history as the baseline (spec §3.1 guarantee)
         low, base, high = (payload[t]["selection_iou"][0] for t in ("min", "baseline", "max"))
         assert low <= base + 1e-6 and base <= high + 1e-6
@@ -78,6 +84,7 @@ def test_records_hold_min_max_and_baseline_trajectories(first_run):
     config = manifest["config"]
     assert config["protocol"] == "tetris" and config["mode"] == "minmax" and config["baseline_clicks"] == 4
     assert config["attack"]["n_opt_steps"] == STEPS and config["attack"]["lr_mult"] == 4.0
+    assert config["records_format"] == RECORDS_FORMAT
 
 
 def test_summary_table_matches_the_records(first_run):
@@ -88,9 +95,10 @@ def test_summary_table_matches_the_records(first_run):
     assert cells[:3] == ["toy", "3", "2"]
     scores = {t: trajectory_scores([r["payload"][t] for r in records], num_clicks=CLICKS) for t in ("min", "max")}
     base = trajectory_scores([r["payload"]["baseline"] for r in records], num_clicks=BASELINE_CLICKS)
-    assert float(cells[3]) == pytest.approx(100 * scores["min"]["iou_auc"], abs=0.006)
-    assert float(cells[4]) == pytest.approx(100 * scores["max"]["iou_auc"], abs=0.006)
-    assert float(cells[5]) == pytest.approx(100 * (scores["max"]["iou_auc"] - scores["min"]["iou_auc"]), abs=0.011)
+    auc = f"auc_iou@{CLICKS}"
+    assert float(cells[3]) == pytest.approx(100 * scores["min"][auc], abs=0.006)
+    assert float(cells[4]) == pytest.approx(100 * scores["max"][auc], abs=0.006)
+    assert float(cells[5]) == pytest.approx(100 * (scores["max"][auc] - scores["min"][auc]), abs=0.011)
     header = next(line for line in stdout.splitlines() if line.startswith("| dataset |"))
     by_header = dict(zip([h.strip() for h in header.strip("|").split("|")], cells))
     noc = trajectory_scores([r["payload"]["baseline"] for r in records], num_clicks=BASELINE_CLICKS,
@@ -103,7 +111,11 @@ def test_summary_table_matches_the_records(first_run):
     with open(out / "summary.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert rows[0]["dataset"] == "toy" and rows[0]["auc_clicks"] == str(CLICKS)
-    assert float(rows[0]["biou_max"]) == pytest.approx(scores["max"]["biou_auc"], rel=1e-6)
+    # the CSV's AuC columns name their K (the baseline's too, computed over K of its clicks)
+    assert float(rows[0][f"biou_max@{CLICKS}"]) == pytest.approx(scores["max"][f"auc_biou@{CLICKS}"], rel=1e-6)
+    base_k = trajectory_scores([r["payload"]["baseline"] for r in records], num_clicks=CLICKS)
+    assert float(rows[0][f"iou_base@{CLICKS}"]) == pytest.approx(base_k[f"auc_iou@{CLICKS}"], rel=1e-6)
+    assert "iou_max" not in rows[0] and "iou_base" not in rows[0]
 
 
 def test_resume_skips_everything_and_prints_the_same_table(first_run, capsys):
@@ -181,7 +193,7 @@ def test_tetris_table_auc_delta_noc_and_mean_row():
     markdown = to_markdown(table)
     assert "| a | 2 | 1 | 30.00 | 70.00 | 40.00 |" in markdown and "| 3.00 | 3.50 | 1.00 | 1.00 |" in markdown
     lines = to_csv(table).splitlines()
-    assert lines[0].startswith("dataset,ok,failed,auc_clicks,noc_clicks,iou_min,iou_max,iou_delta")
+    assert lines[0].startswith("dataset,ok,failed,auc_clicks,noc_clicks,iou_min@3,iou_max@3,iou_delta@3")
     assert len(lines) == 4
 
 
@@ -250,12 +262,14 @@ def test_ious_csv_has_one_row_per_instance_trajectory_and_click(first_run):
     ok, _, _ = records_by_status(out)
     with open(out / "ious.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ["dataset", "id", "trajectory", "click", "iou", "biou"]
+    assert list(rows[0]) == ["dataset", "id", "trajectory", "click", "x", "y", "label", "iou", "biou"]
     assert len(rows) == len(GOOD) * (2 * CLICKS + BASELINE_CLICKS)
     for row in rows:
         part = ok[row["id"]]["payload"][row["trajectory"]]
         index = int(row["click"]) - 1
         assert float(row["iou"]) == part["iou"][index] and float(row["biou"]) == part["biou"][index]
+        assert [float(row["x"]), float(row["y"])] == part["clicks_xy"][index]
+        assert row["label"] == str(int(part["is_positive"][index]))
     assert {(r["trajectory"], r["click"]) for r in rows if r["id"] == "a0"} == (
         {(t, str(k)) for t in ("min", "max") for k in range(1, CLICKS + 1)}
         | {("baseline", str(k)) for k in range(1, BASELINE_CLICKS + 1)})
@@ -306,6 +320,42 @@ def test_an_old_run_directory_without_masks_or_timings_still_reports(first_run, 
     assert not any(name.startswith("masks_") for name in names) and "clicks_toy_a0.png" in names
     text = (old / "report" / "report.md").read_text()
     assert "NoC@80" in text and "s/click" not in text
+
+
+def test_a_run_directory_of_the_older_records_layout_is_refused_in_one_line(first_run, tmp_path, capsys):
+    import shutil
+
+    folder, out, _, _, _ = first_run
+    old = tmp_path / "old_layout"  # the run as the version before (x, y) clicks wrote it: no records_format
+    shutil.copytree(out, old, ignore=shutil.ignore_patterns("report"))
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["config"]["records_format"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    records = (old / "records.jsonl").read_text()
+    for extra in ((), ("--allow-manifest-mismatch",)):  # never resumed: it would mix two layouts
+        code, _, err = run_cli(tetris_argv(folder, old, "--batch-size", "2", *extra), capsys)
+        assert code == cli.EXIT_FAILURE
+        errors = [line for line in err.splitlines() if "error:" in line]
+        assert len(errors) == 1 and "older layout" in errors[0] and RECORDS_FORMAT in errors[0]
+        assert err.rstrip().endswith(errors[0])  # one line, nothing after it
+    assert (old / "records.jsonl").read_text() == records
+
+
+def test_click_plot_draws_each_recorded_xy_click_at_its_pixel(first_run, monkeypatch, tmp_path):
+    import jaxseg_robust.reports.figures as figures
+    from jaxseg_robust.reports.tetris import _click_plot
+
+    _, out, _, _, _ = first_run
+    record = records_by_status(out)[0]["a0"]
+    drawn = {}
+    monkeypatch.setattr(figures, "plot_prompts", lambda image, path, **kwargs: drawn.update(kwargs) or path)
+    _click_plot(record, ("min", "baseline"), tmp_path / "clicks.png")
+    for label, (points, positive) in drawn["clicks"].items():
+        part = record["payload"][label.split()[0]]
+        # the plot functions take (row, col): the recorded (x, y) arrive swapped, the signs unchanged
+        np.testing.assert_array_equal(points, np.asarray(part["clicks_xy"], np.float64)[:, ::-1])
+        np.testing.assert_array_equal(positive, part["is_positive"])
+    assert len(drawn["clicks"]) == 2
 
 
 def test_target_iou_adds_its_noc_column_and_stops_nothing(tmp_path, capsys):

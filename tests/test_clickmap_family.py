@@ -88,7 +88,7 @@ def test_baseline_feeds_the_models_own_logits_back(model, batch):
             feedback = logits  # the model's own logits at the frame, as the contract says
             pred = (1 / (1 + np.exp(-logits)))[:height, :width] > 0.49
             ious.append(float(mask_iou(target, pred)))
-            np.testing.assert_array_equal(out["clicks"][slot, click], [row, col])
+            np.testing.assert_array_equal(out["clicks_xy"][slot, click], [col, row])  # (x, y)
         assert out["has_mask_input"][slot].tolist() == [False, True, True]
         np.testing.assert_allclose(out["iou"][slot], ious, atol=1e-6)
 
@@ -114,10 +114,10 @@ def test_tetris_attack_runs_and_brackets_iterate_zero(model, batch):
         assert part["iou"].shape == (2, CLICKS) and np.isfinite(part["location_loss"]).all()
         chosen, start = part["selection_iou"], part["start_selection_iou"]
         assert ((chosen >= start - 1e-6) if maximise else (chosen <= start + 1e-6)).all()
-        clicks = part["clicks"]
-        assert (clicks >= 0).all() and (clicks[..., 0] < FRAME[0]).all() and (clicks[..., 1] < FRAME[1]).all()
+        clicks = part["clicks_xy"]  # (x, y)
+        assert (clicks >= 0).all() and (clicks[..., 0] < FRAME[1]).all() and (clicks[..., 1] < FRAME[0]).all()
     # click 1 of both attacks starts from the baseline click on the empty history
-    np.testing.assert_array_equal(out["min"]["baseline_clicks"][:, 0], out["max"]["baseline_clicks"][:, 0])
+    np.testing.assert_array_equal(out["min"]["baseline_clicks_xy"][:, 0], out["max"]["baseline_clicks_xy"][:, 0])
 
 
 def test_click_grid_with_the_baseline_prefix(model, batch):

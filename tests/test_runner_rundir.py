@@ -16,6 +16,7 @@ from jaxseg_robust.runner.fingerprints import dataset_fingerprint, fingerprint_p
 from jaxseg_robust.runner.rundir import (
     MANIFEST_NAME,
     ManifestMismatchError,
+    RecordsFormatError,
     RunDirectoryBusyError,
     build_manifest,
     open_run_dir,
@@ -69,6 +70,25 @@ def test_mismatch_is_refused_with_a_clear_error_unless_overridden(tmp_path, over
     after = read_manifest(tmp_path)
     assert after["config"] == before["config"] and after["fingerprints"] == before["fingerprints"]
     assert after["sessions"][-1]["overridden_mismatches"] == [expected]
+
+
+@pytest.mark.parametrize("recorded", [None, "tetris/1"])
+def test_records_of_another_layout_are_refused_in_one_line_even_when_overridden(tmp_path, recorded):
+    old = {"protocol": "tetris", "n": 3} | ({} if recorded is None else {"records_format": recorded})
+    _open(tmp_path, config=old).close()
+    new = {"protocol": "tetris", "n": 3, "records_format": "tetris/2"}
+    for allow in (False, True):
+        with pytest.raises(RecordsFormatError) as info:
+            _open(tmp_path, config=new, allow_mismatch=allow)
+        message = str(info.value)
+        assert "\n" not in message and str(tmp_path) in message and "'tetris/2'" in message
+        assert ("an older layout" if recorded is None else "'tetris/1'") in message
+    assert isinstance(info.value, ManifestMismatchError)  # the commands report it as a mismatch (exit 2)
+    assert len(read_manifest(tmp_path)["sessions"]) == 1  # nothing was resumed
+    _open(tmp_path / "new", config=new).close()
+    _open(tmp_path / "new", config=new).close()  # the same layout resumes
+    _open(tmp_path / "plain").close()
+    _open(tmp_path / "plain").close()  # a protocol that names no layout is not concerned
 
 
 def test_lock_refuses_a_second_run_and_is_released(tmp_path):

@@ -77,12 +77,13 @@ def test_tetris_through_the_predictor_matches_the_authors_loop(request, tmp_path
         ours, theirs = out[mode], ref[mode]
         d_start = np.abs(np.asarray(ours["start_iou"][0], np.float64) - theirs["start_iou"])
         d_iou = np.abs(np.asarray(ours["iou"][0], np.float64) - theirs["iou"])
-        d_click = np.abs(np.asarray(ours["clicks"][0], np.float64) - theirs["clicks"])
+        our_clicks = np.asarray(ours["clicks_xy"][0], np.float64)[:, ::-1]  # (x, y) -> the reference's (row, col)
+        d_click = np.abs(our_clicks - theirs["clicks"])
         in_steps = d_click / theirs["step"]
         print(f"\nTETRIS PREDICTOR PARITY {kind}_{variant} {mode} [{source}]: |d start IoU| {d_start.tolist()}, "
               f"|d IoU| {d_iou.tolist()}, |d click| {d_click.max(axis=1).tolist()} px, "
               f"in Adam steps {in_steps.max(axis=1).round(3).tolist()}\n"
-              f"  ours iou {np.round(ours['iou'][0], 5).tolist()} clicks {np.round(ours['clicks'][0], 3).tolist()}\n"
+              f"  ours iou {np.round(ours['iou'][0], 5).tolist()} clicks {np.round(our_clicks, 3).tolist()}\n"
               f"  ref  iou {np.round(theirs['iou'], 5).tolist()} clicks {np.round(theirs['clicks'], 3).tolist()}")
         assert d_start[0] <= 1e-3
         close += (d_click.max(axis=1) <= 0.25).tolist()

@@ -72,7 +72,7 @@ from jaxseg_robust.models.base import (
 )
 from jaxseg_robust.ops.labels import IGNORE_LABEL
 from jaxseg_robust.ops.render import COVERAGE_AREA, COVERAGE_RAMP, DEFAULT_CLICK_RADIUS
-from jaxseg_robust.prompts.clicker import mark_clicked, next_click
+from jaxseg_robust.prompts.clicker import mark_clicked, next_click, xy_of
 from jaxseg_robust.prompts.types import NEGATIVE_LABEL, PADDING_LABEL, POSITIVE_LABEL, click_prompts
 from jaxseg_robust.runner.program import BatchProgram, InstanceInputs
 
@@ -90,6 +90,9 @@ BATCH_MODES = ("baseline", "min", "max", "minmax")
 MASK_INPUT_MODES = ("code", "always")
 ACCEPTANCE_MODES = ("code", "paper")
 PREDICTOR_MODES = ("authors", "off")
+# the layout of the records `trajectory_outputs` gives (a run directory's manifest names it; runner.rundir refuses
+# to resume one written in another): clicks as (x, y) under *_xy, the per-instance AuC named with its K
+RECORDS_FORMAT = "tetris/2: clicks_xy (x, y), auc_iou@K"
 _NUMBERS = ("lr_mult", "thr", "radius", "tolerance", "dice_weight", "location_threshold", "dilation_ratio")
 
 
@@ -442,27 +445,39 @@ _PER_CLICK_FIELDS = ("clicks", "is_positive", "baseline_clicks", "has_mask_input
                      "best_step", "n_accepted")
 _BASELINE_FIELDS = ("clicks", "is_positive", "has_mask_input", "iou", "biou", "selection_iou", "selection_biou",
                     "in_error_region")
+_XY_NAMES = {"clicks": "clicks_xy", "baseline_clicks": "baseline_clicks_xy", "click": "click_xy"}
+
+
+def _with_xy_clicks(fields: dict) -> dict:
+    """``fields`` with each (row, col) click field (`_XY_NAMES`) as (x, y) under its ``_xy`` name."""
+    return {_XY_NAMES.get(name, name): xy_of(value) if name in _XY_NAMES else value for name, value in fields.items()}
+
+
+def auc_name(curve: str, n_clicks: int) -> str:
+    """The record key of a trajectory's per-instance AuC over its K clicks: ``auc_iou@10``, ``auc_biou@20``."""
+    return f"auc_{curve}@{n_clicks}"
 
 
 def trajectory_outputs(result: ClickTrajectory, config: TetrisConfig) -> dict:
     """A `ClickTrajectory` (any leading axes) as the output dict of the protocol.
 
-    Keys: the per-click fields ([..., K] / [..., K, 2]), ``learning_rate``,
-    ``auc_iou`` / ``auc_biou`` (per-instance normalised AuC over the K clicks,
-    NaN for K = 1), and with the options ``iterates`` (dict of [..., K, S,
-    ...]) and ``mask`` [..., Hf, Wf]. The attack-only fields (iterate 0 and
-    location losses, steps) are left out for the baseline.
+    Keys: the per-click fields ([..., K] / [..., K, 2]) with the clicks as (x, y) original-image pixels
+    under ``clicks_xy`` / ``baseline_clicks_xy`` (labels: ``is_positive``), ``learning_rate``,
+    ``auc_iou@K`` / ``auc_biou@K`` (`auc_name`: per-instance normalised AuC over the trajectory's K
+    clicks, NaN for K = 1), and with the options ``iterates`` (dict of [..., K, S, ...]; the reported
+    click as ``click_xy``) and ``mask`` [..., Hf, Wf]. The attack-only fields (iterate 0 and location
+    losses, steps) are left out for the baseline.
     """
     fields = _PER_CLICK_FIELDS if config.optimises else _BASELINE_FIELDS
-    outputs = {name: getattr(result, name) for name in fields}
+    outputs = _with_xy_clicks({name: getattr(result, name) for name in fields})
     outputs["learning_rate"] = result.learning_rate
     for name in ("iou", "biou"):
         curve = getattr(result, name)
-        outputs[f"auc_{name}"] = (normalized_auc(curve) if config.n_clicks > 1
-                                  else jnp.full(curve.shape[:-1], jnp.nan, jnp.float32))
+        outputs[auc_name(name, config.n_clicks)] = (normalized_auc(curve) if config.n_clicks > 1
+                                                    else jnp.full(curve.shape[:-1], jnp.nan, jnp.float32))
     if config.record_trajectory and config.optimises:
-        outputs["iterates"] = {field.name: getattr(result.iterates, field.name)
-                               for field in dataclasses.fields(result.iterates)}
+        outputs["iterates"] = _with_xy_clicks({field.name: getattr(result.iterates, field.name)
+                                               for field in dataclasses.fields(result.iterates)})
     if config.return_mask:
         outputs["mask"] = result.mask
     return outputs
@@ -582,10 +597,10 @@ def make_click_batch_fn(segmenter, params, *, mode: str = "minmax", n_clicks: in
     Returns:
       A `runner.program.BatchProgram` of a `ClickProtocol`; its outputs
       (leading axis B, K = n_clicks):
-        baseline: clicks [B, K, 2] (row, col), is_positive, has_mask_input,
+        baseline: clicks_xy [B, K, 2] (x, y) original-image pixels, is_positive, has_mask_input,
           iou, biou, selection_iou, selection_biou, in_error_region [B, K],
-          learning_rate, auc_iou, auc_biou [B] [, mask];
-        min / max: the above plus baseline_clicks [B, K, 2], start_iou,
+          learning_rate, auc_iou@K, auc_biou@K [B] [, mask];
+        min / max: the above plus baseline_clicks_xy [B, K, 2] (x, y), start_iou,
           start_biou, start_selection_iou, start_selection_biou,
           location_loss, start_location_loss, best_step, n_accepted [B, K]
           [, iterates/*];
@@ -614,12 +629,10 @@ def make_click_batch_fn(segmenter, params, *, mode: str = "minmax", n_clicks: in
     return BatchProgram(segmenter, params, protocol)
 
 
-__all__ = [
-    "DEFAULT_N_CLICKS", "DEFAULT_N_OPT_STEPS", "DEFAULT_LR_MULT", "DEFAULT_THRESHOLD", "LOCATION_THRESHOLD",
-    "DEFAULT_TOLERANCE", "DEFAULT_DICE_WEIGHT", "ATTACK_MODES", "TRAJECTORY_MODES", "BATCH_MODES",
-    "MASK_INPUT_MODES", "ACCEPTANCE_MODES", "TetrisConfig", "tetris_learning_rate", "location_error_region",
-    "location_distance_map", "location_loss", "ClickIterates", "ClickTrajectory", "ClickInstance", "ClickState",
-    "ClickSetup", "BestIterate", "click_prompts", "reported_click", "click_instance", "click_setup",
-    "consider_iterate", "optimise_click", "one_click", "click_trajectory", "tetris_min_max",
-    "trajectory_outputs", "ClickProtocol", "make_click_batch_fn",
-]
+__all__ = ["DEFAULT_N_CLICKS", "DEFAULT_N_OPT_STEPS", "DEFAULT_LR_MULT", "DEFAULT_THRESHOLD", "LOCATION_THRESHOLD",
+           "DEFAULT_TOLERANCE", "DEFAULT_DICE_WEIGHT", "ATTACK_MODES", "TRAJECTORY_MODES", "BATCH_MODES",
+           "MASK_INPUT_MODES", "ACCEPTANCE_MODES", "RECORDS_FORMAT", "TetrisConfig", "tetris_learning_rate",
+           "location_error_region", "location_distance_map", "location_loss", "ClickIterates", "ClickTrajectory",
+           "ClickInstance", "ClickState", "ClickSetup", "BestIterate", "click_prompts", "reported_click",
+           "click_instance", "click_setup", "consider_iterate", "optimise_click", "one_click", "click_trajectory",
+           "tetris_min_max", "auc_name", "trajectory_outputs", "ClickProtocol", "make_click_batch_fn"]

@@ -154,11 +154,16 @@ def check_stride(args, instances) -> None:
 
 
 def protocol_config(args, model: LoadedModel, multimask: bool) -> dict:
-    """The run configuration recorded in (and compared on resume with) the manifest."""
+    """The run configuration recorded in (and compared on resume with) the manifest; a click grid's
+    ``records_format`` names its records' layout (`jaxseg_robust.runner.rundir.check_records_format`)."""
+    from jaxseg_robust.attacks.grid.clicks import RECORDS_FORMAT  # noqa: PLC0415
+    from jaxseg_robust.runner.rundir import RECORDS_FORMAT_KEY  # noqa: PLC0415
+
     config = model_config(COMMAND, args, model, kind=args.kind)
     config.update(stride=args.stride, multimask_output=multimask)
     if args.kind == "click":
         config.update(region=args.region, prefix=args.prefix, thresh=args.thresh)
+        config[RECORDS_FORMAT_KEY] = RECORDS_FORMAT
     else:
         config.update(corner_heatmap=not args.no_corner_heatmap)
     return config
@@ -273,7 +278,7 @@ def execute(args) -> tuple:
     config = protocol_config(args, model, multimask)
     summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
                            finalize=make_finalize(args.out, args.kind, args.stride))
-    table = grid_table(load_run_records(args.out), args.kind)
+    table = grid_table(load_run_records(args.out), args.kind, multimask)
     return summary, to_markdown(table), to_csv(table)
 
 

@@ -12,9 +12,10 @@ IoU/BIoU-AuC and RITM's NoC@80/85/90 and >=20@85/90 come from it
 
 Records (``RUN_DIR/records.jsonl``, one JSON line per instance): per
 trajectory (``min``, ``max``, ``baseline``) the per-click outputs of
-`jaxseg_robust.attacks.clicks.trajectory_outputs` (clicks (row, col), signs,
-IoU, BIoU, iterate-0 scores, location losses, accepted steps, per-instance
-AuC; ``--record-iterates`` adds the per-iterate log) and ``source`` (the
+`jaxseg_robust.attacks.clicks.trajectory_outputs` (``clicks_xy`` (x, y) in
+original-image pixels, signs, IoU, BIoU, iterate-0 scores, location losses,
+accepted steps, the per-instance ``auc_iou@K`` over the trajectory's K clicks;
+``--record-iterates`` adds the per-iterate log) and ``source`` (the
 image file and evaluated size, for the report's plots). Beside them
 (`jaxseg_robust.reports.artifacts`): each trajectory's final predicted mask
 (``RUN_DIR/masks/``) and the seconds of the jitted batch call per instance
@@ -179,9 +180,14 @@ def tetris_configs(args):
 
 
 def protocol_config(args, model: LoadedModel, attack, baseline) -> dict:
-    """The run configuration recorded in (and compared on resume with) the manifest."""
+    """The run configuration recorded in (and compared on resume with) the manifest; ``records_format`` names
+    the records' layout (`jaxseg_robust.runner.rundir.check_records_format`)."""
+    from jaxseg_robust.attacks.clicks import RECORDS_FORMAT  # noqa: PLC0415
+    from jaxseg_robust.runner.rundir import RECORDS_FORMAT_KEY  # noqa: PLC0415
+
     config = model_config(COMMAND, args, model, mode=args.mode)
     config.update(n_clicks=args.n_clicks, baseline_clicks=0 if baseline is None else baseline.n_clicks)
+    config[RECORDS_FORMAT_KEY] = RECORDS_FORMAT
     if args.target_iou is not None:  # a table setting, recorded so that `jaxseg-robust report` shows the same table
         config["target_iou"] = args.target_iou
     if attack is not None:

@@ -25,7 +25,9 @@ clicks on 300 random masks; the tests compare against OpenCV directly).
 min(round(col), W-1)] = False`` with Python's round (half to even, like
 ``jnp.round``); the TETRIS attack stores float clicks, so this matters.
 
-Coordinates are (row, col) = (y, x) in pixels of the mask grid.
+Coordinates are (row, col) = (y, x) in pixels of the mask grid; `xy_of` turns
+them into the (x, y) every record stores (docs/ARCHITECTURE.md, "Clicks in
+records").
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import jax.numpy as jnp
 
 from jaxseg_robust.ops.distance import squared_distance_transform
 
-__all__ = ["error_masks", "next_click", "mark_clicked"]
+__all__ = ["error_masks", "next_click", "mark_clicked", "xy_of"]
 
 
 def _as_bool_2d(name: str, x: jax.Array, shape: tuple[int, ...] | None) -> jax.Array:
@@ -118,3 +120,11 @@ def mark_clicked(not_clicked: jax.Array, row: jax.Array, col: jax.Array) -> jax.
     c = jnp.where(c < 0, c + width, c)
     hit = (jnp.arange(height)[:, None] == r) & (jnp.arange(width)[None, :] == c)
     return not_clicked & ~hit
+
+
+def xy_of(row_col):
+    """[..., 2] (row, col) pixels as [..., 2] (x, y) = (col, row), the click convention of every record.
+
+    Works on jax and numpy arrays and keeps the dtype; (-1, -1) stays (-1, -1).
+    """
+    return row_col[..., ::-1]

@@ -13,7 +13,8 @@ per-instance values, NaNs skipped (an instance whose IoU is undefined, i.e.
 an empty union outside the ignore band, is counted in ``undefined``):
 
   min / max / minmax  iou_tight (IoU-Tight@BBox: the attack's iterate 0, the tight
-                      box with multimask + argmax), iou_min / iou_max (the best
+                      box with multimask + the model's selection, i.e. argmax of the
+                      predicted IoUs for SAM), iou_min / iou_max (the best
                       iterate of the MIN / MAX attack), iou_delta = iou_max - iou_min
                       (minmax only); the same for Boundary IoU (biou_*).
   tight               iou_tight / biou_tight: the tight box with single-mask output
@@ -26,7 +27,13 @@ an empty union outside the ignore band, is counted in ``undefined``):
                       users ± mean over images of the per-image std (ddof 1)``.
 
 Values are fractions in [0, 1] in the rows and the CSV; the Markdown table
-shows them x100 (the papers' convention).
+shows them x100 (the papers' convention). The two tight boxes differ (a
+multimask decode can pick another mask than the single-mask output), so the
+Markdown headers and the CSV names of the tight columns say how the box was
+decoded (`TIGHT_DECODING`): ``IoU-Tight@BBox (multimask + selection)`` /
+``iou_tight_multimask`` for the attacks, ``IoU-Tight@BBox (single mask)`` /
+``iou_tight_single`` (``iou_tight_single_resized``) for the ``tight`` mode;
+the box grid's tight column says the same (`jaxseg_robust.reports.grid`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from jaxseg_robust.reports.tables import (
     nanmean,
     number,
     percent,
+    tight_column,
+    tight_header,
     with_mean_row,
 )
 
@@ -72,6 +81,9 @@ MODE_COLUMNS = {
     "jitter": ("iou_jitter", "biou_jitter", "iou_jitter_resized"),
     "user": ("iou_user", "iou_user_std", "iou_user_resized", "iou_user_resized_std"),
 }
+# how each mode decodes its tight box (docs/protocols/breps.md §4.6): the attacks' iterate 0 is a multimask decode
+# (the model's selection), the fixed-box baseline the single-mask output; headers and CSV names say which
+TIGHT_DECODING = {"min": "multimask", "max": "multimask", "minmax": "multimask", "tight": "single"}
 # the columns the terminal / Markdown table shows (IoU only, as the BREPS tables)
 MARKDOWN_COLUMNS = {
     "min": ("iou_tight", "iou_min"),
@@ -191,11 +203,24 @@ def breps_table(records: Iterable[Mapping], mode: str) -> BrepsTable:
     return BrepsTable(mode, with_mean_row(rows, MODE_COLUMNS[mode]))
 
 
+def header(column: str, mode: str) -> str:
+    """The Markdown header of a column; a tight-box column names its decoding (`TIGHT_DECODING`)."""
+    if "tight" in column:
+        return tight_header(HEADERS[column], TIGHT_DECODING[mode])
+    return HEADERS[column]
+
+
+def csv_column(column: str, mode: str) -> str:
+    """The CSV name of a column; a tight-box column names its decoding (``iou_tight_multimask``)."""
+    return tight_column(column, TIGHT_DECODING[mode]) if "tight" in column else column
+
+
 def to_markdown(table: BrepsTable) -> str:
     """A Markdown table: dataset, ok, failed, the mode's IoU columns x100 (undefined count if any)."""
     columns = MARKDOWN_COLUMNS[table.mode]
     undefined = any(row.undefined for row in table.rows)
-    headers = ["dataset", "ok", "failed"] + [HEADERS[c] for c in columns] + (["undefined"] if undefined else [])
+    headers = (["dataset", "ok", "failed"] + [header(c, table.mode) for c in columns]
+               + (["undefined"] if undefined else []))
     cells = [[row.dataset, str(row.ok), str(row.failed)] + [percent(row.values[c]) for c in columns]
              + ([str(row.undefined)] if undefined else []) for row in table.rows]
     return markdown_table(headers, cells) + f"\n\nIoU x100, mode {table.mode}" + (
@@ -203,11 +228,12 @@ def to_markdown(table: BrepsTable) -> str:
 
 
 def to_csv(table: BrepsTable) -> str:
-    """CSV text: dataset, ok, failed, undefined, every column of the mode as a fraction (repr precision)."""
-    return csv_text(["dataset", "ok", "failed", "undefined", *table.columns],
+    """CSV text: dataset, ok, failed, undefined, every column of the mode (`csv_column`) as a fraction (repr
+    precision)."""
+    return csv_text(["dataset", "ok", "failed", "undefined", *(csv_column(c, table.mode) for c in table.columns)],
                     ([row.dataset, row.ok, row.failed, row.undefined, *exact_values(row, table.columns)]
                      for row in table.rows))
 
 
-__all__ = ["MODES", "MEAN_ROW", "HEADERS", "MODE_COLUMNS", "BrepsRow", "BrepsTable", "instance_values",
-           "breps_table", "to_markdown", "to_csv", "load_run_records"]
+__all__ = ["MODES", "MEAN_ROW", "HEADERS", "MODE_COLUMNS", "TIGHT_DECODING", "BrepsRow", "BrepsTable",
+           "instance_values", "breps_table", "header", "csv_column", "to_markdown", "to_csv", "load_run_records"]

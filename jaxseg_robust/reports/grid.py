@@ -10,6 +10,10 @@ Columns, each the mean over a dataset's ok instances of a per-instance value
          click's place, scored whatever the stride); biou_*: Boundary IoU.
   box    iou_min / iou_max: the worst / best centred box size; iou_tight: the
          tight box; biou_*: Boundary IoU.
+The tight-box columns name how the run decoded its boxes (single mask by
+default, multimask + the model's selection with ``--multimask``): Markdown
+``IoU Tight box (single mask)``, CSV ``iou_tight_single``; BREPS's tight box
+(`jaxseg_robust.reports.breps`) is a multimask decode, so the two differ.
 Values are fractions in rows / CSV and x100 in Markdown; a ``mean`` row
 averages the dataset rows when there are several.
 
@@ -46,6 +50,8 @@ from jaxseg_robust.reports.tables import (
     nanmean,
     number,
     percent,
+    tight_column,
+    tight_header,
     with_mean_row,
 )
 
@@ -68,10 +74,13 @@ GridRow = DatasetRow  # one dataset's line: name, ok / failed counts, column -> 
 
 @dataclasses.dataclass(frozen=True)
 class GridTable:
-    """The table of one grid run: its kind and rows (datasets, then ``mean`` with several)."""
+    """The table of one grid run: its kind, rows (datasets, then ``mean`` with several) and how its prompts
+    were decoded (``decoding``: "multimask" = multimask output + the model's selection, "single" = the
+    single-mask output; `jaxseg_robust.reports.tables.TIGHT_DECODINGS`)."""
 
     kind: str
     rows: tuple[GridRow, ...]
+    decoding: str = "single"
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -79,14 +88,26 @@ class GridTable:
         return COLUMNS[self.kind]
 
 
-def grid_table(records: Iterable[Mapping], kind: str) -> GridTable:
+def default_multimask(kind: str) -> bool:
+    """The ``grid`` command's decoding default: multimask for clicks, single mask for boxes (grids.md §5)."""
+    return kind == "click"
+
+
+def grid_table(records: Iterable[Mapping], kind: str, multimask: bool | None = None) -> GridTable:
     """The per-dataset table of a grid run (pure).
+
+    Args:
+      records: latest record per instance.
+      kind: "click" or "box".
+      multimask: how the run decoded its prompts (the manifest's ``multimask_output``; None: the
+        command's default for the kind, `default_multimask`); the tight-box column is labelled with it.
 
     Raises:
       ValueError: unknown kind, or an ok record without a field of the kind (naming it).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
+    multimask = default_multimask(kind) if multimask is None else bool(multimask)
 
     def scalars(payload: Mapping) -> dict[str, float]:
         return {c: number(payload[_PAYLOAD_FIELDS[c]]) for c in COLUMNS[kind]}
@@ -94,12 +115,13 @@ def grid_table(records: Iterable[Mapping], kind: str) -> GridTable:
     ok, failed = group_by_dataset(records, scalars, f"{kind} grid")
     rows = [GridRow(name, len(ok[name]), failed[name], {c: nanmean([v[c] for v in ok[name]]) for c in COLUMNS[kind]})
             for name in ok]
-    return GridTable(kind, with_mean_row(rows, COLUMNS[kind]))
+    return GridTable(kind, with_mean_row(rows, COLUMNS[kind]), "multimask" if multimask else "single")
 
 
 def to_markdown(table: GridTable) -> str:
     """Markdown table: dataset, ok, failed, the kind's columns x100."""
-    headers = ["dataset", "ok", "failed"] + [HEADERS[c] for c in table.columns]
+    headers = ["dataset", "ok", "failed"] + [tight_header(HEADERS[c], table.decoding) if "tight" in c else HEADERS[c]
+                                             for c in table.columns]
     cells = ([row.dataset, str(row.ok), str(row.failed)] + [percent(row.values[c]) for c in table.columns]
              for row in table.rows)
     what = "single clicks over the grid" if table.kind == "click" else "centred boxes over (h, w)"
@@ -108,8 +130,9 @@ def to_markdown(table: GridTable) -> str:
 
 
 def to_csv(table: GridTable) -> str:
-    """CSV: dataset, ok, failed, the kind's columns (fractions, repr precision)."""
-    return csv_text(["dataset", "ok", "failed", *table.columns],
+    """CSV: dataset, ok, failed, the kind's columns (fractions, repr precision); the tight-box columns name the
+    decoding (``iou_tight_single`` / ``iou_tight_multimask``, `jaxseg_robust.reports.tables.tight_column`)."""
+    return csv_text(["dataset", "ok", "failed", *(tight_column(c, table.decoding) for c in table.columns)],
                     ([row.dataset, row.ok, row.failed, *exact_values(row, table.columns)] for row in table.rows))
 
 
@@ -125,13 +148,14 @@ def load_heatmaps(run_dir, payload: Mapping) -> dict | None:
         return {name: data[name] for name in data.files}
 
 
-def _markers(payload: Mapping, labelled_fields) -> dict[str, tuple]:
-    """label -> (x, y) plot position of each recorded (row, col) / (h, w) pair; absent pairs (None, -1) skipped."""
+def _markers(payload: Mapping, labelled_fields, *, swap: bool) -> dict[str, tuple]:
+    """label -> (x, y) plot position of each recorded pair: (x, y) clicks as they are (``swap`` False),
+    (h, w) box sizes swapped to (w, h) (``swap`` True); absent pairs (None, -1) skipped."""
     markers = {}
     for label, field in labelled_fields:
         pair = payload.get(field)
         if pair is not None and min(pair) >= 0:
-            markers[label] = (pair[1], pair[0])  # (x, y) = (col, row) or (w, h)
+            markers[label] = (pair[1], pair[0]) if swap else (pair[0], pair[1])
     return markers
 
 
@@ -140,7 +164,8 @@ def plot_click_grid(record: Mapping, maps: Mapping, path, image=None) -> pathlib
     from jaxseg_robust.reports.figures import plot_heatmap  # noqa: PLC0415
 
     payload = record["payload"]
-    markers = _markers(payload, (("baseline click", "baseline_click"), ("min", "iou_argmin"), ("max", "iou_argmax")))
+    markers = _markers(payload, (("baseline click", "baseline_click_xy"), ("min", "iou_argmin_xy"),
+                                 ("max", "iou_argmax_xy")), swap=False)
     title = (f"{record['dataset']}/{record['id']}\nIoU of one click: min {percent(number(payload['iou_min']))}, "
              f"max {percent(number(payload['iou_max']))}, baseline {percent(number(payload['baseline_iou']))}")
     return plot_heatmap(maps["iou"], path, x_coords=maps["cols"], y_coords=maps["rows"], title=title,
@@ -153,7 +178,8 @@ def plot_box_grid(record: Mapping, maps: Mapping, path) -> pathlib.Path:
     from jaxseg_robust.reports.figures import plot_heatmap  # noqa: PLC0415
 
     payload = record["payload"]
-    markers = _markers(payload, (("tight box", "tight_hw"), ("min", "iou_argmin_hw"), ("max", "iou_argmax_hw")))
+    markers = _markers(payload, (("tight box", "tight_hw"), ("min", "iou_argmin_hw"), ("max", "iou_argmax_hw")),
+                       swap=True)
     title = (f"{record['dataset']}/{record['id']}\nIoU of centred boxes: min {percent(number(payload['iou_min']))}, "
              f"max {percent(number(payload['iou_max']))}, tight {percent(number(payload['tight_iou']))}")
     return plot_heatmap(maps["iou"], path, x_coords=maps["widths"], y_coords=maps["heights"], title=title,
@@ -184,11 +210,11 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4, kind: str | No
     from jaxseg_robust.reports.sources import load_source_image  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
 
-    if kind is None:
-        kind = read_manifest(run_dir)["config"]["kind"]
+    config = read_manifest(run_dir)["config"]
+    kind = config["kind"] if kind is None else kind
     records = load_run_records(run_dir)
     out = report_folder(run_dir, out_dir)
-    table = grid_table(records, kind)
+    table = grid_table(records, kind, config.get("multimask_output"))
     markdown = to_markdown(table)
     paths = write_table_files(out, "grid", markdown, to_csv(table))
     parts = [f"# {kind.capitalize()} grid", "", markdown, ""]
@@ -211,5 +237,5 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4, kind: str | No
     return write_report_page(out, parts, records, paths)
 
 
-__all__ = ["PROTOCOL", "KINDS", "COLUMNS", "GridRow", "GridTable", "grid_table", "to_markdown", "to_csv",
-           "load_heatmaps", "plot_click_grid", "plot_box_grid", "plot_corner_heatmap", "write_report"]
+__all__ = ["PROTOCOL", "KINDS", "COLUMNS", "GridRow", "GridTable", "default_multimask", "grid_table", "to_markdown",
+           "to_csv", "load_heatmaps", "plot_click_grid", "plot_box_grid", "plot_corner_heatmap", "write_report"]

@@ -148,18 +148,22 @@ RCLICKS_CLICK_CSV = "ious.csv"
 
 
 def rclicks_click_rows(records):
-    """``(dataset, id, clicker, click, iou, "")`` per ok RClicks record: ``base`` and groups ``G1``.. (no BIoU)."""
+    """``(dataset, id, clicker, click, x, y, label, iou, "")`` per ok RClicks record: ``base`` and groups
+    ``G1``.. (no BIoU); ``x, y, label`` from ``base_clicks`` / ``group_clicks`` (``""`` when not recorded)."""
     for record in records:
         if record.get("status") != "ok":
             continue
         payload = record.get("payload") or {}
         curves = []
         if payload.get("base_iou") is not None:
-            curves.append(("base", payload["base_iou"]))
-        curves += [(f"G{index}", curve) for index, curve in enumerate(payload.get("group_iou") or [], start=1)]
-        for clicker, curve in curves:
+            curves.append(("base", payload["base_iou"], payload.get("base_clicks")))
+        group_clicks = payload.get("group_clicks") or []
+        curves += [(f"G{index}", curve, group_clicks[index - 1] if index <= len(group_clicks) else None)
+                   for index, curve in enumerate(payload.get("group_iou") or [], start=1)]
+        for clicker, curve, clicks in curves:
             for click, iou in enumerate(curve, start=1):
-                yield record["dataset"], record["id"], clicker, click, iou, ""
+                x, y, label = clicks[click - 1] if clicks is not None else ("", "", "")
+                yield record["dataset"], record["id"], clicker, click, x, y, label, iou, ""
 
 
 def write_rclicks_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
@@ -217,6 +221,31 @@ REPORTERS: dict[str, Callable] = {"tetris": _tetris, "grid": _grid, "breps": wri
                                   "rclicks": write_rclicks_report, "perturb": write_perturb_report}
 
 
+def expected_records_format(config) -> str | None:
+    """The records layout this version reads for a manifest's ``config`` (None: not named for the protocol)."""
+    if config.get("protocol") == "tetris":
+        from jaxseg_robust.attacks.clicks import RECORDS_FORMAT  # noqa: PLC0415
+
+        return RECORDS_FORMAT
+    if config.get("protocol") == "grid" and config.get("kind") == "click":
+        from jaxseg_robust.attacks.grid.clicks import RECORDS_FORMAT  # noqa: PLC0415
+
+        return RECORDS_FORMAT
+    return None
+
+
+def check_report_format(run_dir) -> None:
+    """Raises `ReportError` (one line) when the run's records are in another layout than this version reads."""
+    from jaxseg_robust.runner.rundir import RECORDS_FORMAT_KEY, read_manifest  # noqa: PLC0415
+
+    config = read_manifest(run_dir).get("config") or {}
+    wanted, found = expected_records_format(config), config.get(RECORDS_FORMAT_KEY)
+    if wanted is not None and found != wanted:
+        was = "an older layout" if found is None else f"layout {found!r}"
+        raise ReportError(f"{run_dir}: its records are in {was}; this version reads {wanted!r} (report it with "
+                          "the version that wrote it, or run it again)")
+
+
 def write_run_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
     """Writes the report of a run directory, or of every sub-run of a folder of runs; returns name -> path.
 
@@ -225,7 +254,8 @@ def write_run_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
       out_dir: output folder (default ``RUN_DIR/report``).
 
     Raises:
-      ReportError: not a run directory (nor a folder of them), or an unknown protocol.
+      ReportError: not a run directory (nor a folder of them), an unknown protocol, or records in another
+        layout than this version reads (`check_report_format`).
     """
     path = pathlib.Path(run_dir)
     out = pathlib.Path(out_dir) if out_dir is not None else path / REPORT_DIR
@@ -233,6 +263,7 @@ def write_run_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
         protocol = protocol_of(path)
         if protocol not in REPORTERS:
             raise ReportError(f"{path}: no report for protocol {protocol!r} (known: {', '.join(REPORTERS)})")
+        check_report_format(path)
         return dict(REPORTERS[protocol](path, out))
     runs = sub_runs(path)
     if not runs:
@@ -244,6 +275,7 @@ def write_run_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
         if protocol not in REPORTERS:
             index += [f"## {run.name}", "", f"(no report for protocol {protocol!r})", ""]
             continue
+        check_report_format(run)
         written = REPORTERS[protocol](run, out / run.name)
         paths.update({f"{run.name}/{name}": p for name, p in written.items()})
         body = written["report"].read_text(encoding="utf-8")
@@ -257,5 +289,6 @@ def write_run_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
     return paths
 
 
-__all__ = ["ReportError", "REPORTERS", "protocol_of", "sub_runs", "write_breps_report", "rclicks_click_rows",
-           "write_rclicks_report", "write_perturb_report", "write_run_report"]
+__all__ = ["ReportError", "REPORTERS", "protocol_of", "expected_records_format", "check_report_format", "sub_runs",
+           "write_breps_report", "rclicks_click_rows", "write_rclicks_report", "write_perturb_report",
+           "write_run_report"]

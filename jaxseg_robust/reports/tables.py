@@ -149,14 +149,36 @@ def exact_values(row: DatasetRow, columns: Sequence[str]) -> list[str]:
     return [repr(float(row.values[column])) for column in columns]
 
 
-CLICK_CSV_HEADER = ("dataset", "id", "trajectory", "click", "iou", "biou")
+# How a table's tight-box prompt was decoded (docs/protocols/breps.md §4.6, grids.md §5.2): "multimask" = the
+# multimask output and the model's selection (SAM: argmax of the predicted IoUs), "single" = the single-mask output.
+TIGHT_DECODINGS = {"multimask": "multimask + selection", "single": "single mask"}
+
+
+def tight_header(header: str, decoding: str) -> str:
+    """A Markdown header of a tight-box column with its decoding rule: ``IoU-Tight@BBox (multimask + selection)``,
+    ``IoU-Tight (resized, single mask)``."""
+    label = TIGHT_DECODINGS[decoding]
+    return f"{header[:-1]}, {label})" if header.endswith(")") else f"{header} ({label})"
+
+
+def tight_column(column: str, decoding: str) -> str:
+    """The CSV name of a tight-box column with its decoding rule: ``iou_tight`` -> ``iou_tight_multimask``,
+    ``iou_tight_resized`` -> ``iou_tight_single_resized``; other columns unchanged."""
+    if decoding not in TIGHT_DECODINGS:
+        raise ValueError(f"decoding must be one of {sorted(TIGHT_DECODINGS)}; got {decoding!r}")
+    return column.replace("_tight", f"_tight_{decoding}", 1)
+
+
+CLICK_CSV_HEADER = ("dataset", "id", "trajectory", "click", "x", "y", "label", "iou", "biou")
 
 
 def click_csv_text(rows: Iterable[tuple]) -> str:
     """The per-instance, per-click CSV (RITM's ``--save-ious`` as a table): one row per instance x click.
 
     Args:
-      rows: ``(dataset, id, trajectory, click (1-based), iou, biou)``; iou / biou a float, NaN or
+      rows: ``(dataset, id, trajectory, click (1-based), x, y, label, iou, biou)``; ``x, y`` the click
+        in original-image pixels (docs/ARCHITECTURE.md, "Clicks in records"), ``label`` 1 positive /
+        0 negative (``""`` for all three when the record holds no clicks); iou / biou a float, NaN or
         None (JSON null: undefined, e.g. an empty union) or, for biou, ``""`` when the protocol
         does not compute it (RClicks).
 
@@ -168,9 +190,17 @@ def click_csv_text(rows: Iterable[tuple]) -> str:
             return value
         return repr(number(value))
 
-    return csv_text(CLICK_CSV_HEADER, ([dataset, name, trajectory, int(click), cell(iou), cell(biou)]
-                                       for dataset, name, trajectory, click, iou, biou in rows))
+    def coordinate(value):
+        if isinstance(value, str):
+            return value
+        value = float(value)
+        return str(int(value)) if value.is_integer() else repr(value)
+
+    return csv_text(CLICK_CSV_HEADER, ([dataset, name, trajectory, int(click), coordinate(x), coordinate(y),
+                                        label if label == "" else int(label), cell(iou), cell(biou)]
+                                       for dataset, name, trajectory, click, x, y, label, iou, biou in rows))
 
 
 __all__ = ["MEAN_ROW", "DatasetRow", "number", "nanmean", "percent", "group_by_dataset", "with_mean_row",
-           "markdown_table", "csv_text", "exact_values", "CLICK_CSV_HEADER", "click_csv_text"]
+           "markdown_table", "csv_text", "exact_values", "TIGHT_DECODINGS", "tight_header", "tight_column",
+           "CLICK_CSV_HEADER", "click_csv_text"]

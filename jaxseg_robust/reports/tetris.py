@@ -3,7 +3,7 @@
 Records (``jaxseg-robust tetris``): one per instance, payload ``{trajectory:
 {...}}`` for each trajectory the run computed (``"min"``, ``"max"``,
 ``"baseline"``; `jaxseg_robust.attacks.clicks.trajectory_outputs` fields:
-per-click ``iou``, ``biou``, ``clicks`` (row, col), ``is_positive``, ...) plus
+per-click ``iou``, ``biou``, ``clicks_xy`` (x, y), ``is_positive``, ...) plus
 ``source`` (`jaxseg_robust.reports.sources`).
 
 Columns (docs/protocols/tetris.md §3.5; `reports.tetris_scores.trajectory_scores`), per dataset:
@@ -26,6 +26,9 @@ K = min(10, clicks of the run). NaN (an empty union outside the ignore band)
 propagates into the AuC as in the reference (``np.mean``). With several
 datasets a ``mean`` row averages the dataset rows (counts summed). Values
 are fractions in the rows / CSV, x100 in Markdown (NoC/NoF/seconds as they are).
+The Markdown headers say ``AuC@K`` and the CSV names the AuC columns with
+their K (``iou_min@10``, `csv_column`), so they never share a name with a
+record's per-instance ``auc_iou@K`` over a trajectory's own clicks.
 
 `write_report` writes ``tetris.md`` / ``tetris.csv``, ``ious.csv`` (IoU and
 BIoU per instance, trajectory and click: `click_rows`), one mIoU-per-click
@@ -72,6 +75,7 @@ NOC_THRESHOLDS = (0.8, 0.85, 0.9)  # RITM's NoC@80/85/90
 NOF_THRESHOLDS = (0.85, 0.9)  # RITM's >=20@85/90
 CLICK_CSV = "ious.csv"
 ATTACK_COLUMNS = ("iou_min", "iou_max", "iou_delta", "biou_min", "biou_max", "biou_delta")
+BASE_COLUMNS = ("iou_base", "biou_base")
 TIMING_COLUMNS = ("sec_instance", "sec_click")
 HEADERS = {"iou_min": "IoU-AuC Min", "iou_max": "IoU-AuC Max", "iou_delta": "IoU-AuC Δ",
            "biou_min": "BIoU-AuC Min", "biou_max": "BIoU-AuC Max", "biou_delta": "BIoU-AuC Δ",
@@ -132,7 +136,7 @@ class TetrisTable:
             if part in self.trajectories or (part == "delta" and {"min", "max"} <= set(self.trajectories)):
                 columns.append(name)
         if "baseline" in self.trajectories:
-            columns += ["iou_base", "biou_base"]
+            columns += BASE_COLUMNS
             columns += [f"noc{_column_label(t)}" for t in self.noc_thresholds]
             columns += [f"nof{_column_label(t)}" for t in self.nof_thresholds]
         if self.timed:
@@ -170,8 +174,8 @@ def _dataset_values(payloads: Sequence[Mapping], trajectories: Sequence[str], au
         parts = _nan_curves(payloads, trajectory)
         scores = trajectory_scores(parts, num_clicks=auc_clicks, noc_thresholds=())
         suffix = "base" if trajectory == "baseline" else trajectory
-        values[f"iou_{suffix}"] = scores["iou_auc"]
-        values[f"biou_{suffix}"] = scores["biou_auc"]
+        values[f"iou_{suffix}"] = scores[f"auc_iou@{auc_clicks}"]
+        values[f"biou_{suffix}"] = scores[f"auc_biou@{auc_clicks}"]
         if trajectory == "baseline":
             for threshold in dict.fromkeys((*noc_thresholds, *nof_thresholds)):
                 noc = trajectory_scores(parts, num_clicks=noc_clicks, noc_thresholds=(threshold,))
@@ -275,9 +279,15 @@ def to_markdown(table: TetrisTable) -> str:
     return markdown_table(headers, cells) + note
 
 
+def csv_column(column: str, table: TetrisTable) -> str:
+    """The CSV name of a table column: the AuC columns name their K (``iou_min@10``, ``biou_base@10``)."""
+    return f"{column}@{table.auc_clicks}" if column in (*ATTACK_COLUMNS, *BASE_COLUMNS) else column
+
+
 def to_csv(table: TetrisTable) -> str:
-    """CSV: dataset, ok, failed, auc_clicks, noc_clicks, every column (fractions; repr precision)."""
-    return csv_text(["dataset", "ok", "failed", "auc_clicks", "noc_clicks", *table.columns],
+    """CSV: dataset, ok, failed, auc_clicks, noc_clicks, every column (`csv_column`; fractions; repr precision)."""
+    return csv_text(["dataset", "ok", "failed", "auc_clicks", "noc_clicks",
+                     *(csv_column(c, table) for c in table.columns)],
                     ([row.dataset, row.ok, row.failed, table.auc_clicks, table.noc_clicks,
                       *exact_values(row, table.columns)] for row in table.rows))
 
@@ -295,9 +305,11 @@ def mean_curves(payloads: Sequence[Mapping], trajectories: Sequence[str], metric
 
 
 def click_rows(records: Iterable[Mapping]) -> Iterator[tuple]:
-    """``(dataset, id, trajectory, click, iou, biou)`` per ok record, trajectory (min, baseline, max) and click.
+    """``(dataset, id, trajectory, click, x, y, label, iou, biou)`` per ok record, trajectory (min, baseline,
+    max) and click.
 
-    Clicks are numbered from 1; IoU / BIoU as recorded (None: undefined).
+    Clicks are numbered from 1; ``x, y`` from ``clicks_xy`` (original-image pixels), ``label`` 1 / 0 from
+    ``is_positive``; IoU / BIoU as recorded (None: undefined).
     """
     for record in records:
         if record.get("status") != "ok":
@@ -308,8 +320,9 @@ def click_rows(records: Iterable[Mapping]) -> Iterator[tuple]:
             if not isinstance(part, Mapping) or "iou" not in part:
                 continue
             bious = part.get("biou") or [None] * len(part["iou"])
-            for click, (iou, biou) in enumerate(zip(part["iou"], bious), start=1):
-                yield record["dataset"], record["id"], trajectory, click, iou, biou
+            clicks = zip(part["clicks_xy"], part["is_positive"])
+            for click, (iou, biou, ((x, y), positive)) in enumerate(zip(part["iou"], bious, clicks), start=1):
+                yield record["dataset"], record["id"], trajectory, click, x, y, int(bool(positive)), iou, biou
 
 
 def write_click_csv(path, records: Iterable[Mapping]) -> pathlib.Path:
@@ -317,6 +330,11 @@ def write_click_csv(path, records: Iterable[Mapping]) -> pathlib.Path:
     path = pathlib.Path(path)
     path.write_text(click_csv_text(click_rows(records)), encoding="utf-8")
     return path
+
+
+def _row_col(part: Mapping) -> np.ndarray:
+    """float[K, 2] (row, col) of a trajectory's recorded ``clicks_xy`` (x, y), as the plot functions take them."""
+    return np.asarray(part["clicks_xy"], np.float64).reshape(-1, 2)[:, ::-1]
 
 
 def _final_label(part: Mapping, trajectory: str) -> str:
@@ -337,7 +355,7 @@ def _mask_plot(run_dir, record: Mapping, image, trajectories: Sequence[str], pat
             continue
         part = record["payload"][trajectory]
         panels.append(MaskPanel(_final_label(part, trajectory), mask, trajectory,
-                                np.asarray(part["clicks"], np.float64), np.asarray(part["is_positive"], bool)))
+                                _row_col(part), np.asarray(part["is_positive"], bool)))
     if not panels:
         return None
     title = f"{record['dataset']}/{record['id']}: predicted mask after the last click"
@@ -355,8 +373,7 @@ def _click_plot(record: Mapping, trajectories: Sequence[str], path: pathlib.Path
     clicks = {}
     for trajectory in trajectories:
         part = payload[trajectory]
-        clicks[_final_label(part, trajectory)] = (np.asarray(part["clicks"], np.float64),
-                                                  np.asarray(part["is_positive"], bool))
+        clicks[_final_label(part, trajectory)] = (_row_col(part), np.asarray(part["is_positive"], bool))
     title = f"{record['dataset']}/{record['id']}\nclicks of each trajectory (numbered)"
     return plot_prompts(image, path, clicks=clicks, title=title), image
 
@@ -417,5 +434,5 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4) -> dict[str, p
 
 
 __all__ = ["PROTOCOL", "TRAJECTORIES", "NOC_THRESHOLDS", "NOF_THRESHOLDS", "CLICK_CSV", "TetrisRow", "TetrisTable",
-           "threshold_label", "table_thresholds", "tetris_table", "to_markdown", "to_csv", "mean_curves", "click_rows",
-           "write_click_csv", "recorded_target_iou", "safe_name", "failed_lines", "write_report"]
+           "threshold_label", "table_thresholds", "tetris_table", "to_markdown", "csv_column", "to_csv", "mean_curves",
+           "click_rows", "write_click_csv", "recorded_target_iou", "safe_name", "failed_lines", "write_report"]

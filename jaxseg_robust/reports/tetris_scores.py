@@ -45,7 +45,7 @@ def trajectory_scores(payloads: Sequence[Mapping], *, num_clicks: int = DEFAULT_
       noc_thresholds: NoC@t / NoF@t thresholds.
 
     Returns:
-      {"iou_auc", "biou_auc": AuC of the mean curve (TETRIS AuC@K),
+      {"auc_iou@K", "auc_biou@K": AuC@K of the mean curve (K = ``num_clicks``; TETRIS AuC@10),
        "mean_iou", "mean_biou": the mean curves (lists of K floats),
        "noc@t", "nof@t" per threshold (NoC averaged over instances),
        "instances": N}.
@@ -56,8 +56,8 @@ def trajectory_scores(payloads: Sequence[Mapping], *, num_clicks: int = DEFAULT_
         raise ValueError(f"num_clicks must be >= 2 for an AuC; got {num_clicks}")
     ious = _curves(payloads, "iou", num_clicks)
     bious = _curves(payloads, "biou", num_clicks)
-    scores = {"iou_auc": float(tetris_auc(ious, num_clicks, skip_nan=skip_nan)),
-              "biou_auc": float(tetris_auc(bious, num_clicks, skip_nan=skip_nan)),
+    scores = {f"auc_iou@{num_clicks}": float(tetris_auc(ious, num_clicks, skip_nan=skip_nan)),
+              f"auc_biou@{num_clicks}": float(tetris_auc(bious, num_clicks, skip_nan=skip_nan)),
               "instances": len(payloads)}
     for name, curves in (("mean_iou", ious), ("mean_biou", bious)):
         kept = curves[~np.isnan(curves).any(axis=1)] if skip_nan else curves

@@ -25,6 +25,12 @@ and the new value, unless ``allow_mismatch`` is set (then the differences are
 logged in the new session entry and the run resumes). Changed package versions
 only warn (`RuntimeWarning`): they are recorded per session.
 
+``config.records_format`` (optional) names the layout of the records a
+protocol writes (e.g. the TETRIS records with ``clicks_xy``); a run directory
+whose records are in another layout (or predate the key) is refused with one
+line by `check_records_format`, even with ``allow_mismatch``: resuming would
+mix two layouts in one records file.
+
 ``instances`` (optional) holds one short fingerprint per instance
 (``{"dataset": {"id": "<16 hex>"}}``), so a changed dataset is explained
 instance by instance (added, removed, changed, and which of those already
@@ -64,6 +70,7 @@ except ImportError:  # pragma: no cover - non-POSIX systems run without locking
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "jaxseg_robust.run/1"
 COMPARED_SECTIONS = ("format", "config", "fingerprints", "engine")
+RECORDS_FORMAT_KEY = "records_format"  # config key: the layout of a protocol's records (never overridden)
 VERSIONED_PACKAGES = ("jax", "jaxlib", "flax", "numpy", "optax", "orbax-checkpoint", "chex", "jaxseg_robust")
 _SHOWN_CHARS = 160
 
@@ -374,6 +381,27 @@ def dataset_changes(recorded_table: Mapping, instance_fingerprints: Mapping, rec
     return DatasetChanges(added, removed, changed, invalidated)
 
 
+class RecordsFormatError(ManifestMismatchError):
+    """The run directory's records are in another layout than this version writes (never overridable)."""
+
+
+def check_records_format(recorded: Mapping, current: Mapping, path: pathlib.Path) -> None:
+    """Raises `RecordsFormatError` (one line) when ``current``'s ``config.records_format`` is set and
+    ``recorded``'s differs or is absent (a run directory written before the layout was named).
+
+    Args:
+      recorded, current: the manifest found and the one this run would write.
+      path: the run directory (named in the message).
+    """
+    wanted = (current.get("config") or {}).get(RECORDS_FORMAT_KEY)
+    found = (recorded.get("config") or {}).get(RECORDS_FORMAT_KEY)
+    if wanted is None or found == wanted:
+        return
+    was = "an older layout" if found is None else f"layout {found!r}"
+    raise RecordsFormatError(f"{path}: its records are in {was}, this version writes {wanted!r}; resuming would "
+                             "mix the two in one records file, so use a new run directory (--out)")
+
+
 def _only_dataset_differs(recorded: Mapping, current: Mapping) -> bool:
     without = [dict(m, fingerprints={k: v for k, v in (m.get("fingerprints") or {}).items() if k != "dataset"})
                for m in (recorded, current)]
@@ -383,6 +411,7 @@ def _only_dataset_differs(recorded: Mapping, current: Mapping) -> bool:
 def _check_or_raise(recorded: Mapping, current: Mapping, path: pathlib.Path, allow_mismatch: bool,
                     instance_fingerprints: Mapping | None = None) -> tuple[list[str], bool]:
     """Returns (the overridden differences, whether the manifest's dataset should be updated)."""
+    check_records_format(recorded, current, path)
     differences = manifest_differences(recorded, current)
     if not differences:
         return [], False
@@ -471,6 +500,8 @@ def open_run_dir(
 
     Raises:
       ManifestMismatchError: the directory holds a different run (unless ``allow_mismatch``).
+      RecordsFormatError: its records are in another layout (`check_records_format`; whatever
+        ``allow_mismatch`` says).
       RunDirectoryBusyError: another run holds the lock for ``process_index``.
       ValueError: the path exists and is not a directory, or the manifest is corrupt.
     """

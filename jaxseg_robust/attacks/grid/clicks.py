@@ -34,13 +34,16 @@ from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
 from jaxseg_robust.metrics.packed import pack_target, packed_scores
 from jaxseg_robust.models.base import Transform, image_region
 from jaxseg_robust.ops.labels import IGNORE_LABEL
-from jaxseg_robust.prompts.clicker import error_masks, mark_clicked, next_click
+from jaxseg_robust.prompts.clicker import error_masks, mark_clicked, next_click, xy_of
 from jaxseg_robust.prompts.types import NEGATIVE_LABEL, POSITIVE_LABEL, Prompts, append_click, empty_prompts
 from jaxseg_robust.runner.program import BatchProgram, InstanceInputs
 
 DEFAULT_THRESHOLD = 0.5  # the SAM family's (Segmenter.probability_threshold is the default of the builders)
 CLICK_REGIONS = ("image", "object", "error")
 CLICK_PREFIXES = ("none", "baseline")
+# the layout of the click grid's records (a run directory's manifest names it; runner.rundir refuses to resume
+# one written in another): every click as (x, y) under *_xy
+RECORDS_FORMAT = "click grid/2: clicks as (x, y) *_xy"
 
 
 def check_frame(gt, transform: Transform) -> None:
@@ -179,23 +182,30 @@ class ClickGridConfig:
 
 
 def extreme_outputs(prefix: str, extremes: Extremes, to_position) -> dict:
-    """``{prefix}_min``, ``_max``, ``_argmin``, ``_argmax`` of `Extremes` (positions via ``to_position``)."""
+    """``{prefix}_min``, ``_max``, ``_argmin_xy``, ``_argmax_xy`` of `Extremes` (``to_position``: a flat
+    index -> the click's (x, y))."""
     return {f"{prefix}_min": extremes.min, f"{prefix}_max": extremes.max,
-            f"{prefix}_argmin": to_position(extremes.argmin), f"{prefix}_argmax": to_position(extremes.argmax)}
+            f"{prefix}_argmin_xy": to_position(extremes.argmin), f"{prefix}_argmax_xy": to_position(extremes.argmax)}
 
 
 def baseline_prefix(segmenter, params, features, transform: Transform, gt, config: ClickGridConfig):
     """The grid's prefix: (prefix `Prompts` or None, grid click label, baseline click (row, col), error
-    region of the grid click, extra outputs) for ``config.prefix`` (docs/protocols/grids.md §5.1)."""
+    region of the grid click, extra outputs) for ``config.prefix`` (docs/protocols/grids.md §5.1).
+
+    The extra outputs: ``first_click_xy`` i32[2] (x, y) of the baseline first click (always positive)
+    and ``grid_click_positive`` bool[] (the label of the grid click and of the baseline click at its place).
+    """
     image = image_region(transform)
     labelled = image & (gt != IGNORE_LABEL)
     target = (gt == 1) & image
     # the baseline first click: deepest interior point of G+ (always a positive click; the clicker would
     # make it negative only for an empty G+)
     _, row0, col0 = next_click(target, jnp.zeros(gt.shape, bool), jnp.ones(gt.shape, bool), labelled)
-    outputs = {"first_click": jnp.stack([row0, col0]).astype(jnp.int32)}
+    first_click = jnp.stack([row0, col0]).astype(jnp.int32)
+    outputs = {"first_click_xy": xy_of(first_click)}
     if config.prefix == "none":
-        return None, jnp.int32(POSITIVE_LABEL), outputs["first_click"], target, outputs
+        outputs["grid_click_positive"] = jnp.asarray(True)
+        return None, jnp.int32(POSITIVE_LABEL), first_click, target, outputs
     first_point = jnp.stack([col0, row0]).astype(jnp.float32)
     first = append_click(empty_prompts(segmenter.feedback_shape(tuple(gt.shape))), first_point, POSITIVE_LABEL)
     first_prediction = segmenter.decode(params, features, first, transform, multimask_output=config.multimask_output)
@@ -242,12 +252,12 @@ class ClickGridProtocol:
                             multimask_output=config.multimask_output)
 
         def to_click(flat):
-            return flat_to_click(flat, result.rows, result.cols)
+            return xy_of(flat_to_click(flat, result.rows, result.cols))
 
         outputs.update({
             "iou": result.iou, "biou": result.biou, "evaluated": result.evaluated,
             "rows": result.rows, "cols": result.cols, "n_evaluated": result.n_evaluated,
-            "baseline_click": baseline_click, "baseline_iou": result.extra_iou[0],
+            "baseline_click_xy": xy_of(baseline_click), "baseline_iou": result.extra_iou[0],
             "baseline_biou": result.extra_biou[0],
             **extreme_outputs("iou", result.iou_extremes, to_click),
             **extreme_outputs("biou", result.biou_extremes, to_click),
@@ -285,12 +295,14 @@ def make_click_grid_batch_fn(segmenter, params, *, stride: int = DEFAULT_STRIDE,
       A `runner.program.BatchProgram`. Outputs (leading axis B; Gh, Gw = grid size):
         iou, biou: f32[B, Gh, Gw] heatmaps (NaN where not evaluated);
         evaluated: bool[B, Gh, Gw]; rows: i32[B, Gh]; cols: i32[B, Gw];
-        n_evaluated: i32[B]; first_click: i32[B, 2] (row, col) baseline first click;
-        baseline_click: i32[B, 2] the baseline's click at the grid click's place;
+        n_evaluated: i32[B]; every click below is (x, y) in original-image pixels:
+        first_click_xy: i32[B, 2] the baseline first click (positive);
+        baseline_click_xy: i32[B, 2] the baseline's click at the grid click's place;
+        grid_click_positive: bool[B] the label of the grid clicks and of that baseline click
+          (always True for prefix "none");
         baseline_iou, baseline_biou: f32[B] its scores (whatever the stride);
-        grid_click_positive: bool[B] (prefix "baseline" only);
-        {iou, biou}_{min, max}: f32[B]; {iou, biou}_{argmin, argmax}: i32[B, 2]
-          (row, col) of the first extreme in row-major order ((-1, -1) if none).
+        {iou, biou}_{min, max}: f32[B]; {iou, biou}_{argmin, argmax}_xy: i32[B, 2]
+          (x, y) of the first extreme in row-major order ((-1, -1) if none).
     """
     thr = float(segmenter.probability_threshold) if thr is None else thr
     config = ClickGridConfig(stride=stride, chunk_size=chunk_size, region=region, prefix=prefix, thr=thr,
@@ -298,6 +310,6 @@ def make_click_grid_batch_fn(segmenter, params, *, stride: int = DEFAULT_STRIDE,
     return BatchProgram(segmenter, params, ClickGridProtocol(config), announce=announce)
 
 
-__all__ = ["DEFAULT_THRESHOLD", "CLICK_REGIONS", "CLICK_PREFIXES", "check_frame", "binarise", "ClickGridResult",
-           "click_grid", "ClickGridConfig", "extreme_outputs", "baseline_prefix", "ClickGridProtocol",
-           "make_click_grid_batch_fn"]
+__all__ = ["DEFAULT_THRESHOLD", "CLICK_REGIONS", "CLICK_PREFIXES", "RECORDS_FORMAT", "check_frame", "binarise",
+           "ClickGridResult", "click_grid", "ClickGridConfig", "extreme_outputs", "baseline_prefix",
+           "ClickGridProtocol", "make_click_grid_batch_fn"]
