@@ -157,8 +157,8 @@ def click_csv_text(rows: Iterable[tuple]) -> str:
 
     Args:
       rows: ``(dataset, id, trajectory, click (1-based), iou, biou)``; iou / biou a float, NaN or
-        None (JSON null: undefined, e.g. an empty union) or, for biou, ``""`` when the protocol
-        does not compute it (RClicks).
+        None (JSON null: undefined, e.g. an empty union) or, for biou, ``""`` when the record holds
+        none (RClicks runs written before it recorded BIoU).
 
     Returns:
       CSV text with header `CLICK_CSV_HEADER`; floats at full precision (``repr``), undefined as ``nan``.
