@@ -22,6 +22,7 @@ from cli_helpers import (
     assert_resume_refused,
     assert_png,
     assert_resume_skips_everything,
+    assert_timed_summary,
     folder_flags,
     make_folder,
     records_by_status,
@@ -109,6 +110,11 @@ def test_box_grid_records_heatmaps_and_extremes(box_run):
         x1, y1, x2, y2 = payload["tight_box"]
         assert 0 <= x1 <= x2 < WIDTH and 0 <= y1 <= y2 < HEIGHT
     assert "IoU Tight box" in stdout
+
+
+def test_seconds_per_instance_and_compile_time_of_both_grids(click_run, box_run):
+    assert_timed_summary(click_run[0])
+    assert_timed_summary(box_run[0])
 
 
 def test_resume_skips_and_a_mismatch_is_refused(folder, click_run, capsys):

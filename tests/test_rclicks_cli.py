@@ -17,6 +17,8 @@ from jaxseg_robust.data.instances import InstanceRef
 from jaxseg_robust.reports import run_report
 from jaxseg_robust.reports.rclicks import group_index_map, plot_clicking_groups
 
+from cli_helpers import assert_timed_summary
+
 HEADER = "dataset,image_stem,object_stem,model_type,click_type,full_stem,device,x,y,w,h\n"
 
 
@@ -90,6 +92,7 @@ def test_cli_end_to_end_with_resume(tmp_path, capsys):
     assert (out / "summary.csv").read_text().startswith("dataset,instances,noc_sample")
     assert "nsr_at_4" in (out / "summary.csv").read_text().splitlines()[0]
     assert (out / "groups_toy_a0.png").exists()
+    assert_timed_summary(out)
     assert cli.main(argv) == 0  # resume: nothing left to do
     assert "3 skipped" in capsys.readouterr().out
     assert cli.main(argv[:4] + ["nonsense"] + argv[5:]) == 2

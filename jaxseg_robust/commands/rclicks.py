@@ -219,7 +219,7 @@ def _run(args) -> int:
         batch_fn = make_rclicks_batch_fn(
             model.segmenter, model.params, loaded.model,
             None if loaded.params is None else replicate(loaded.params, mesh),
-            config=config, user_clicks=user_clicks, announce=running.startup_line)
+            config=config, user_clicks=user_clicks, announce=running.startup_line).with_timing()
     except ValueError as error:
         raise CommandError(str(error)) from None
     run_config = {"protocol": COMMAND, "model": args.model, "model_source": model.source,
@@ -229,7 +229,7 @@ def _run(args) -> int:
     if isegm is not None:
         run_config["isegm"] = isegm
     summary = running.run_protocol(args, instances=instances, batch_fn=batch_fn, config=run_config, model=model,
-                                  finalize=finalize_record, mesh=mesh)
+                                  finalize=running.timed_finalize_of(args, batch_fn, finalize_record), mesh=mesh)
     records = [r for r in read_run_records(args.out) if r["dataset"] in {i.dataset for i in instances}]
     benchmarks = benchmark_by_dataset(records, threshold=args.target_iou, num_clicks=args.n_clicks)
     figures = []
