@@ -171,3 +171,31 @@ def assert_png(path, size=FIGURE_PX):
         pixels = np.asarray(image.convert("RGB"))
     assert pixels.std() > 10
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50
+
+
+def assert_timed_summary(out) -> None:
+    """Every ok instance of the run has positive device and wall seconds in ``timings.jsonl``, every compiled
+    bucket positive seconds in ``compile.jsonl``, and ``summary.md`` / ``summary.csv`` show their per-dataset
+    means and the compile total."""
+    import csv  # noqa: PLC0415
+
+    from jaxseg_robust.reports.artifacts import read_compile_events, read_timings  # noqa: PLC0415
+
+    _, _, records = records_by_status(out)
+    timings = read_timings(out)
+    ok = {key for key, record in records.items() if record["status"] == "ok"}
+    assert ok and ok <= set(timings)
+    for key in ok:
+        assert timings[key]["seconds"] > 0 and timings[key]["wall_seconds"] >= timings[key]["seconds"]
+    events = read_compile_events(out)
+    assert events and all(event["seconds"] > 0 and len(event["frame"]) == 2 for event in events)
+    with open(out / "summary.csv", newline="") as handle:
+        rows = {row["dataset"]: row for row in csv.DictReader(handle)}
+    for dataset in {key[0] for key in ok}:
+        mine = [timings[key] for key in ok if key[0] == dataset]
+        assert float(rows[dataset]["sec_device"]) == pytest.approx(np.mean([t["seconds"] for t in mine]))
+        assert float(rows[dataset]["sec_wall"]) == pytest.approx(np.mean([t["wall_seconds"] for t in mine]))
+        assert float(rows[dataset]["compile_sec"]) == pytest.approx(sum(e["seconds"] for e in events))
+    markdown = (out / "summary.md").read_text()
+    assert "| dataset | timed | s/instance device | s/instance wall |" in markdown
+    assert f"compile: {sum(e['seconds'] for e in events):.1f} s for {len(events)} bucket program(s)" in markdown

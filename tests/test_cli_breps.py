@@ -31,6 +31,7 @@ from cli_helpers import (
     assert_command_error,
     assert_resume_refused,
     assert_resume_skips_everything,
+    assert_timed_summary,
     folder_flags,
     help_text,
     make_folder,
@@ -55,6 +56,10 @@ def first_run(tmp_path_factory):
     """One minmax run over 3 good and 2 bad instances (the only compile of this module)."""
     return run_on_new_folder(tmp_path_factory, "breps",
                              lambda folder, out: breps_argv(folder, out, "--batch-size", "2"))
+
+
+def test_seconds_per_instance_and_compile_time_in_the_run_directory_and_summary(first_run):
+    assert_timed_summary(first_run[1])
 
 
 def test_help_has_an_example_and_breps_flags(capsys):
@@ -291,6 +296,7 @@ def test_fixed_box_modes(tmp_path, capsys, mode):
     column = "iou_jitter" if mode == "jitter" else "iou_tight"
     expected = np.mean([r["payload"]["mean_iou" if mode == "jitter" else "iou"] for r in records.values()])
     assert table.rows[0].values[column] == pytest.approx(expected)
+    assert_timed_summary(out)  # the fixed boxes are timed like the attack
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["mode"] == mode and "n_opt_steps" not in manifest["config"]
     if mode == "jitter":

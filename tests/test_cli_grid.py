@@ -23,6 +23,7 @@ from cli_helpers import (
     assert_resume_refused,
     assert_png,
     assert_resume_skips_everything,
+    assert_timed_summary,
     folder_flags,
     make_folder,
     records_by_status,
@@ -116,6 +117,11 @@ def test_box_grid_records_heatmaps_and_extremes(box_run):
         row = next(csv.DictReader(handle))
     assert float(row["iou_tight_single"]) == pytest.approx(np.mean([r["payload"]["tight_iou"] for r in ok.values()]))
     assert "iou_tight" not in row and "biou_tight_single" in row
+
+
+def test_seconds_per_instance_and_compile_time_of_both_grids(click_run, box_run):
+    assert_timed_summary(click_run[0])
+    assert_timed_summary(box_run[0])
 
 
 def test_resume_skips_and_a_mismatch_is_refused(folder, click_run, capsys):

@@ -120,6 +120,31 @@ def test_report_numbers_are_consistent(first_run):
         assert values[0] == 0
 
 
+def test_seconds_per_instance_and_compile_time_in_the_run_directory_and_summary(first_run):
+    from jaxseg_robust.reports.artifacts import read_compile_events, read_timings
+
+    _, out, _, _ = first_run
+    keys = {(r["dataset"], r["id"]) for r in read_run_records(out)}
+    timings = read_timings(out)
+    assert set(timings) == keys
+    for entry in timings.values():  # device: the battery's programs; wall: the whole batch, compile excluded
+        assert entry["wall_seconds"] >= entry["seconds"] > 0
+    events = read_compile_events(out)
+    assert events and all(e["program"] == "perturbation battery" and e["seconds"] > 0 for e in events)
+    session = json.loads((out / "compile.jsonl").read_text().splitlines()[-1])
+    assert session["compile_seconds"] > 0 and "seconds" not in session  # the session summary stays the last line
+    with open(out / "summary.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["attack"] for r in rows if r["mode"] == "with background"] == [*LABELS, "aggregated"]
+    for row in rows:
+        assert float(row["sec_device"]) == pytest.approx(np.mean([t["seconds"] for t in timings.values()]))
+        assert float(row["sec_wall"]) == pytest.approx(np.mean([t["wall_seconds"] for t in timings.values()]))
+        assert float(row["compile_sec"]) == pytest.approx(sum(e["seconds"] for e in events))
+    markdown = (out / "summary.md").read_text()
+    assert "| dataset | timed | s/instance device | s/instance wall |" in markdown
+    assert f"compile: {sum(e['seconds'] for e in events):.1f} s for {len(events)} bucket program(s)" in markdown
+
+
 def test_rerun_resumes_and_a_broken_instance_gives_exit_1(first_run, capsys):
     code, out, data, argv = first_run
     assert main(argv) == EXIT_OK  # everything recorded: nothing recomputed

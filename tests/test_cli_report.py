@@ -149,7 +149,7 @@ def test_rclicks_report_uses_the_recorded_click_budget(runs, tmp_path):
 def test_a_folder_of_runs_gets_one_report_each_and_an_index(runs, tmp_path):
     _, _, suite, _, _ = runs
     paths = run_report.write_run_report(suite, tmp_path)
-    assert (tmp_path / "breps" / "breps.md").is_file() and (tmp_path / "rclicks" / "rclicks_noc.md").is_file()
+    assert (tmp_path / "breps" / "breps.md").is_file() and (tmp_path / "rclicks" / "rclicks.md").is_file()
     index = paths["report"].read_text()
     assert "## breps (breps)" in index and "## rclicks (rclicks)" in index
     assert f"(breps/boxes_toy_{GOOD[0]}.png)" in index  # image links point into the sub-report

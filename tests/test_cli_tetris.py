@@ -13,6 +13,7 @@ from jaxseg_robust import cli
 from jaxseg_robust.attacks.clicks import RECORDS_FORMAT
 from jaxseg_robust.reports.tetris_scores import trajectory_scores
 from jaxseg_robust.reports.tetris import tetris_table, to_csv, to_markdown
+from jaxseg_robust.reports.timing_summary import TIMING_CSV_COLUMNS
 from jaxseg_robust.runner.records import latest_records, read_run_records
 
 from cli_helpers import (
@@ -26,6 +27,7 @@ from cli_helpers import (
     assert_resume_refused,
     assert_png,
     assert_resume_skips_everything,
+    assert_timed_summary,
     folder_flags,
     help_text,
     make_folder,
@@ -143,7 +145,11 @@ def test_report_writes_every_table_and_plot(first_run, tmp_path, capsys):
     text = (report / "report.md").read_text()
     assert "IoU-AuC@3 Min" in text and "NoC@85" in text and "![mIoU per click](curves_toy.png)" in text
     assert "## Failed instances" in text and "toy/b_mismatch" in text
-    assert (report / "tetris.csv").read_text() == (out / "summary.csv").read_text()
+    # the command's summary.csv is the report's table plus the run's seconds columns (reports.timing_summary)
+    with open(out / "summary.csv", newline="") as handle:
+        summary = [{k: v for k, v in row.items() if k not in TIMING_CSV_COLUMNS} for row in csv.DictReader(handle)]
+    with open(report / "tetris.csv", newline="") as handle:
+        assert list(csv.DictReader(handle)) == summary
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -249,9 +255,15 @@ def test_timings_beside_the_records_and_in_the_table(first_run):
     header = next(line for line in stdout.splitlines() if line.startswith("| dataset |"))
     cells = dict(zip([h.strip() for h in header.strip("|").split("|")], table_cells(stdout)))
     seconds = [e["seconds"] for e in timings.values()]
-    assert float(cells["s/instance"]) == pytest.approx(np.mean(seconds), rel=0.01)
-    assert float(cells["s/click"]) == pytest.approx(sum(seconds) / (3 * (2 * CLICKS + BASELINE_CLICKS)), rel=0.01)
+    assert float(cells["device s/instance"]) == pytest.approx(np.mean(seconds), rel=0.01)
+    assert float(cells["device s/click"]) == pytest.approx(sum(seconds) / (3 * (2 * CLICKS + BASELINE_CLICKS)),
+                                                           rel=0.01)
     assert "compile time excluded" in stdout
+    # wall time: the device call plus the batch's host preparation, so never below the device time
+    for entry in timings.values():
+        assert entry["wall_seconds"] >= entry["seconds"] > 0
+        assert entry["wall_seconds"] == pytest.approx(entry["batch_wall_seconds"] / entry["batch_instances"])
+    assert_timed_summary(out)
     # records stay free of timings (same line after a resume) and of masks
     ok, _, _ = records_by_status(out)
     assert all("_timing" not in r["payload"] and "mask" not in r["payload"]["min"] for r in ok.values())

@@ -11,12 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy.ndimage import distance_transform_edt
+from scipy.ndimage import binary_erosion, distance_transform_edt
 
 from jaxseg_robust.clicksim import evaluation as E
 from jaxseg_robust.clicksim.click_models import DistanceTransformClickModel, UniformClickModel
 from jaxseg_robust.data.buckets import FixedFrame, instance_seed, pad_batch
 from jaxseg_robust.data.instances import make_instance
+from jaxseg_robust.metrics.masks import boundary_widths
 from jaxseg_robust.models import zoo
 from jaxseg_robust.models.base import Prediction
 from jaxseg_robust.models.sam.segmenter import make_transform
@@ -99,8 +100,13 @@ def reference_band(values, q_low, q_high):
     return low, high
 
 
-def replay(gt, size, trajectory, click_model, q_low, q_high, is_base):
-    """Replays a trajectory with numpy: checks polarity, Base click, in-band clicks and IoU per round."""
+def boundary_band(mask, width):
+    """The inner band ``mask & ~erode^width(mask)`` (3 x 3 square, background outside), numpy/scipy."""
+    return mask & ~binary_erosion(mask, np.ones((3, 3), bool), iterations=width, border_value=0)
+
+
+def replay(gt, size, trajectory, click_model, q_low, q_high, is_base, band_width):
+    """Replays a trajectory with numpy: checks polarity, Base click, in-band clicks, IoU and BIoU per round."""
     height, width = size
     inside = np.zeros(gt.shape, bool)
     inside[:height, :width] = True
@@ -136,6 +142,11 @@ def replay(gt, size, trajectory, click_model, q_low, q_high, is_base):
         pred = disk_prediction(clicks, gt.shape) & inside
         inter, union = np.sum(obj & pred & valid), np.sum((obj | pred) & valid)
         np.testing.assert_allclose(trajectory.iou[r], inter / union, rtol=1e-6)
+        crop = (slice(0, height), slice(0, width))
+        band_gt, band_pred = boundary_band(obj[crop], band_width), boundary_band(pred[crop], band_width)
+        inter = np.sum(band_gt & band_pred & valid[crop])
+        union = np.sum((band_gt | band_pred) & valid[crop])
+        np.testing.assert_allclose(trajectory.biou[r], inter / union, rtol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -147,16 +158,19 @@ def toy_run():
     transforms = jax.tree.map(lambda *x: jnp.stack(x), *[make_transform(s, s, FRAME) for s in sizes])
     seg = DiskSegmenter()
 
+    widths = boundary_widths(np.array(sizes))  # the batch program's per-instance band widths (ratio 0.02)
+
     def program(model, gts, transforms, seeds):
         keys = jax.vmap(lambda s: E.instance_key(config.seed, s))(seeds)
-        one = lambda g, t, k: E.simulate_instance(seg, None, None, t, g, model, None, {}, k, config=config)  # noqa: E731
-        return jax.vmap(one)(gts, transforms, keys)
+        one = lambda g, t, k, w: E.simulate_instance(seg, None, None, t, g, model, None, {}, k,  # noqa: E731
+                                                     config=config, width=w)
+        return jax.vmap(one)(gts, transforms, keys, widths)
 
     results = {}
     for model in (DistanceTransformClickModel(), UniformClickModel()):
         fn = jax.jit(lambda g, t, s, model=model: program(model, g, t, s))
         results[model.name] = (fn, jax.device_get(fn(gts, transforms, np.array([11, 12], np.uint32))))
-    return config, sizes, gts, transforms, results
+    return config, sizes, gts, transforms, results, widths
 
 
 def _slot(tree, index):
@@ -165,25 +179,26 @@ def _slot(tree, index):
 
 @pytest.mark.parametrize("model", [DistanceTransformClickModel(), UniformClickModel()], ids=lambda m: m.name)
 def test_rounds_follow_the_reference_rules(toy_run, model):
-    """FN/FP choice, Base = RITM clicker, group clicks inside their band (weighted), IoU per round."""
-    config, sizes, gts, _, results = toy_run
+    """FN/FP choice, Base = RITM clicker, group clicks inside their band (weighted), IoU and BIoU per round."""
+    config, sizes, gts, _, results, widths = toy_run
     result = results[model.name][1]
     q_low, q_high, _ = E.trajectory_plan(config)
     for index, size in enumerate(sizes):
         instance = _slot(result, index)
-        replay(gts[index], size, instance.base, model, 0.0, 1.0, is_base=True)
+        replay(gts[index], size, instance.base, model, 0.0, 1.0, is_base=True, band_width=int(widths[index]))
         for group in range(config.num_groups):
             replay(gts[index], size, _slot(instance.groups, group), model, q_low[1 + group], q_high[1 + group],
-                   is_base=False)
+                   is_base=False, band_width=int(widths[index]))
         assert instance.base.clicks[0, 2] == 1  # round 1 is positive
 
 
 def test_batched_equals_single_and_seed_determinism(toy_run):
-    config, sizes, gts, transforms, results = toy_run
+    config, sizes, gts, transforms, results, widths = toy_run
     fn, batched = results["dt"]
     seg, model = DiskSegmenter(), DistanceTransformClickModel()
-    single = jax.jit(lambda g, t, k: E.simulate_instance(seg, None, None, t, g, model, None, {}, k, config=config))
-    alone = jax.device_get(single(gts[1], _slot(transforms, 1), E.instance_key(config.seed, 12)))
+    single = jax.jit(lambda g, t, k, w: E.simulate_instance(seg, None, None, t, g, model, None, {}, k, config=config,
+                                                            width=w))
+    alone = jax.device_get(single(gts[1], _slot(transforms, 1), E.instance_key(config.seed, 12), widths[1]))
     jax.tree.map(np.testing.assert_array_equal, alone, _slot(batched, 1))
     swapped = jax.device_get(fn(gts[::-1], jax.tree.map(lambda x: x[::-1], transforms), np.array([12, 11], np.uint32)))
     jax.tree.map(np.testing.assert_array_equal, _slot(swapped, 0), _slot(batched, 1))

@@ -362,6 +362,45 @@ def test_coco_eval_command_writes_standard_names(tmp_path, toy, capsys):
     assert (tmp_path / "out" / "ap.per_category.csv").read_text().startswith("category_id,name,AP,")
 
 
+def _markdown_rows(text: str, first_header: str) -> dict[str, list[str]]:
+    """Body rows of the Markdown table whose header starts with ``first_header``: first cell -> other cells."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_coco_eval_uses_fractions_on_stdout_csv_and_markdown(tmp_path, toy, capsys):
+    """One unit: the per-category table (printed and in FILE.md) and FILE.md's summary are the fractions of
+    the CSVs to three decimals, as the 12 summary lines print them."""
+    import csv  # noqa: PLC0415
+
+    gt, results = toy
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "res.json").write_text(json.dumps(results))
+    out = tmp_path / "ap.csv"
+    assert cli.main(["coco-eval", "--gt", str(tmp_path / "gt.json"), "--results", str(tmp_path / "res.json"),
+                     "--out", str(out), "--progress", "none", "--per-category"]) == 0
+    printed = capsys.readouterr().out
+    summary = {row["metric"]: float(row["value"]) for row in csv.DictReader(out.open())}
+    assert f"maxDets=100 ] = {summary['AP']:0.3f}" in printed
+    with open(tmp_path / "ap.per_category.csv", newline="") as handle:
+        categories = list(csv.DictReader(handle))
+    expected = {f"{r['name']} ({r['category_id']})": ["-" if float(r[c]) < 0 else f"{float(r[c]):.3f}"
+                                                       for c in coco_ap.PER_CATEGORY_COLUMNS] for r in categories}
+    assert any(0 < float(r["AP"]) < 1 for r in categories)  # a value whose x100 would show
+    assert _markdown_rows(printed, "category") == expected
+    markdown = (tmp_path / "ap.md").read_text()
+    assert _markdown_rows(markdown, "category") == expected
+    assert _markdown_rows(markdown, "metric") == {name: ["-" if v < 0 else f"{v:.3f}"] for name, v in summary.items()}
+    assert "fractions in [0, 1]" in markdown and "percent" not in markdown
+
+
 def test_coco_eval_command_bad_input_is_one_line_exit_2(tmp_path, toy, capsys):
     gt, results = toy
     (tmp_path / "gt.json").write_text(json.dumps(gt))
@@ -434,8 +473,12 @@ def test_panoptic_eval_command_writes_pq_names(tmp_path, capsys):
     code = cli.main(["panoptic-eval", "--gt-json", paths["gt_json"], "--gt-folder", paths["gt_folder"],
                      "--pred-json", paths["pred_json"], "--pred-folder", paths["pred_folder"], "--out", str(out),
                      "--progress", "none"])
-    assert code == 0 and "Things" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert code == 0 and "Things" in printed
+    assert printed.splitlines()[0].startswith("percent   |")  # panopticapi's x100 table says its unit
     names = [line.split(",")[0] for line in out.read_text().splitlines()[1:]]
     assert names == ["PQ_all", "SQ_all", "RQ_all", "PQ_things", "SQ_things", "RQ_things", "PQ_stuff", "SQ_stuff",
                      "RQ_stuff"]
     assert not math.isnan(float(out.read_text().splitlines()[1].split(",")[1]))
+    pq_all = float(out.read_text().splitlines()[1].split(",")[1])  # a fraction, as in pq.md
+    assert 0 <= pq_all <= 1 and f"| PQ_all | {pq_all:.3f} |" in (tmp_path / "pq.md").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 
@@ -13,7 +14,10 @@ from jaxseg_robust import cli
 from jaxseg_robust.clicksim.clicks_csv import parse_clicks_csv
 from jaxseg_robust.clicksim.user_clicks import first_round_clicks
 from jaxseg_robust.data.instances import InstanceRef
+from jaxseg_robust.reports import run_report
 from jaxseg_robust.reports.rclicks import group_index_map, plot_clicking_groups
+
+from cli_helpers import assert_timed_summary
 
 HEADER = "dataset,image_stem,object_stem,model_type,click_type,full_stem,device,x,y,w,h\n"
 
@@ -75,9 +79,20 @@ def test_cli_end_to_end_with_resume(tmp_path, capsys):
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len(records) == 3 and all(r["status"] == "ok" for r in records)
     assert {r["id"]: r["payload"]["n_user_clicks"] for r in records} == {"a0": 2, "a1": 0, "a2": 0}
-    assert (out / "rclicks_noc.csv").read_text().startswith("dataset,instances,noc_sample")
-    assert "nsr_at_4" in (out / "rclicks_noc.csv").read_text().splitlines()[0]
+    for record in records:  # Boundary IoU per round beside the IoU, and in the report's ious.csv
+        payload = record["payload"]
+        assert np.shape(payload["base_biou"]) == (4,) and np.shape(payload["group_biou"]) == (4, 4)
+        assert all(0.0 <= v <= 1.0 for v in np.ravel(payload["group_biou"]) if v is not None)
+    run_report.write_run_report(out, tmp_path / "report")
+    with open(tmp_path / "report" / "ious.csv", newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["id"] == "a0" and r["trajectory"] == "G2"]
+    expected = next(r for r in records if r["id"] == "a0")["payload"]["group_biou"][1]
+    np.testing.assert_array_equal([float(r["biou"]) for r in rows],
+                                  [float("nan") if v is None else v for v in expected])
+    assert (out / "summary.csv").read_text().startswith("dataset,instances,noc_sample")
+    assert "nsr_at_4" in (out / "summary.csv").read_text().splitlines()[0]
     assert (out / "groups_toy_a0.png").exists()
+    assert_timed_summary(out)
     assert cli.main(argv) == 0  # resume: nothing left to do
     assert "3 skipped" in capsys.readouterr().out
     assert cli.main(argv[:4] + ["nonsense"] + argv[5:]) == 2
@@ -119,7 +134,7 @@ def test_headers_follow_the_flags_and_base_only_fills_the_base_columns(tmp_path,
     assert len(figures) == 4 and "groups_toy_a_b.png" in figures  # "a b" -> groups_toy_a_b~<hash>.png
     base_only = tmp_path / "base_only"
     assert cli.main(argv[:-4] + ["--groups", "0", "--out", str(base_only), "--progress", "none"]) == 0
-    row = (base_only / "rclicks_noc.csv").read_text().splitlines()
+    row = (base_only / "summary.csv").read_text().splitlines()
     values = dict(zip(row[0].split(","), row[1].split(",")))
     assert values["noc_sample"] == "nan" and 1.0 <= float(values["noc_base"]) <= 3.0  # was all-NaN
     assert float(values["nof_base"]) >= 0 and 0.0 <= float(values["auc_base"]) <= 1.0

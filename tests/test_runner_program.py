@@ -97,6 +97,23 @@ def test_host_side_and_device_side(capsys):
     assert program.traces == 2 and "bucket 8x10" in lines[-1]
 
 
+def test_timing_outputs_and_compile_log():
+    """Device and wall seconds per batch (wall >= device), one compile event per bucket compiled by this
+    object (none for a bucket compiled before, nor for a program that shares the compile)."""
+    untimed = BatchProgram(ToySegmenter(), jnp.float32(2.0), ToyProtocol(slots=5))
+    assert TIMING_KEY not in untimed(pad_batch(INSTANCES[:2], (12, 12), 2))
+    [event] = untimed.compile_log.drain()
+    assert (event.program, event.frame, event.batch) == ("toy program", (12, 12), 2) and event.seconds > 0
+    program = untimed.with_timing()
+    timing = jax.device_get(program(pad_batch(INSTANCES[2:], (12, 12), 2)))[TIMING_KEY]
+    assert program.traces == 1 and program.compile_log.drain() == [] and untimed.compile_log.drain() == []
+    assert timing["batch_instances"].tolist() == [1, 1]
+    assert np.all(timing["batch_wall_seconds"] >= timing["batch_seconds"]) and np.all(timing["batch_seconds"] > 0)
+    assert timing["batch_seconds"][0] == program.last_seconds
+    program(pad_batch(INSTANCES[:1], (12, 16), 2))
+    assert [e.frame for e in program.compile_log.drain()] == [(12, 16)]
+
+
 def test_a_bucket_whose_host_inputs_change_shape_is_a_retrace_error():
     device_program.cache_clear()
     program = BatchProgram(ToySegmenter(), jnp.float32(1.0), ToyProtocol(slots=2, grow=True))

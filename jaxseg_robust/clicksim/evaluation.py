@@ -25,12 +25,15 @@ One round of a trajectory (§5.2; state: prediction ``pred`` (empty before round
     Group:  M = click_model(I, gt, R) * R * not_clicked; band of M's mass [q_lo, q_hi]
             (inclusive thresholds, `groups.band_thresholds`); click ~ M inside the band
             (weighted, not uniform); empty band -> the Base click
-    decode(all clicks so far, the feedback map) -> pred = sigmoid(logits) > thr; IoU
+    decode(all clicks so far, the feedback map) -> pred = sigmoid(logits) > thr; IoU, BIoU
 
 Here ``gt`` is the object (``gt == 1``) and ``V`` the non-ignore pixels of the
 image (GrabCut/Berkeley ignore band and the frame padding excluded); the IoU of
-a round is ``|gt & pred & V| / |(gt | pred) & V|`` (RITM ``get_iou``). Every
-20-round run has exactly ``num_rounds`` IoUs (no early stop, ``--iou-analysis``).
+a round is ``|gt & pred & V| / |(gt | pred) & V|`` (RITM ``get_iou``) and its
+Boundary IoU the same ratio of the two masks' inner bands of width ``d`` (the
+instance's band width at dilation ratio 0.02, as the reference's ``BIoU(0.02)``;
+`metrics.packed`, docs/protocols/boundary_iou.md). Every 20-round run has
+exactly ``num_rounds`` IoUs and BIoUs (no early stop, ``--iou-analysis``).
 
 Model feedback (§5.4): the multimask mode of the family's wrapper in the
 reference (``multimask_output=None``, default: `models.base.evaluation_multimask`;
@@ -84,7 +87,8 @@ from jax import lax
 from jaxseg_robust.clicksim.error_region import choose_error_region
 from jaxseg_robust.clicksim.groups import first_argmax_xy, group_bounds, masked_clickability, sample_group_click
 from jaxseg_robust.data.buckets import instance_seed
-from jaxseg_robust.metrics.masks import mask_iou
+from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, boundary_width, mask_iou
+from jaxseg_robust.metrics.packed import pack_target, packed_scores
 from jaxseg_robust.models.base import (
     Transform,
     evaluation_multimask,
@@ -110,6 +114,7 @@ __all__ = [
     "instance_key",
     "family_settings",
     "feedback_enabled",
+    "band_width_of",
     "simulate_trajectory",
     "trajectory_plan",
     "simulate_trajectories",
@@ -204,6 +209,7 @@ class Trajectory(NamedTuple):
     iou: jax.Array           # f32[R] IoU after each round
     clicks: jax.Array        # i32[R, 3] (x, y, is_positive) of each click
     used_fallback: jax.Array  # bool[R] the group band had no mass: the Base click was used
+    biou: jax.Array          # f32[R] Boundary IoU after each round (NaN when both bands are empty)
 
 
 class InstanceResult(NamedTuple):
@@ -279,8 +285,17 @@ def _predict(segmenter, params, features, transform, points, labels, state, use_
     return (prob > threshold) & inside, state
 
 
+def band_width_of(width, frame_hw: tuple[int, int]):
+    """The Boundary IoU band width: ``width`` (i32[], the program's per-instance data) or, when None, the
+    width of the whole frame at the ratio 0.02 (`metrics.masks.boundary_width`; a frame that is the image)."""
+    if width is None:
+        return boundary_width(int(frame_hw[0]), int(frame_hw[1]), DEFAULT_DILATION_RATIO)
+    return jnp.asarray(width, jnp.int32)
+
+
 def simulate_trajectory(segmenter, params, features, transform: Transform, gt, click_model, click_params,
-                        prepared, key, q_low, q_high, is_base, *, config: RClicksConfig) -> Trajectory:
+                        prepared, key, q_low, q_high, is_base, *, config: RClicksConfig,
+                        width=None) -> Trajectory:
     """One ``num_rounds`` trajectory of one instance (§5.2): Base or one clicking group.
 
     Base and group trajectories share this code (so one compiled round serves
@@ -298,10 +313,13 @@ def simulate_trajectory(segmenter, params, features, transform: Transform, gt, c
       q_low, q_high: scalar mass bounds of the group (ignored for Base).
       is_base: bool scalar (may be traced): True = Base clicker.
       config: static settings.
+      width: i32[] Boundary IoU band width of the image in pixels (`band_width_of`; None: the frame's).
     Returns:
       `Trajectory` with leaves [R, ...].
     """
     obj, valid, inside = _object_and_valid(gt, transform)
+    width = band_width_of(width, tuple(obj.shape))
+    target = pack_target(gt, inside, width)
     rule, multimask = family_settings(config, segmenter)
     rounds = config.num_rounds
     state = RoundState(pred=jnp.zeros_like(obj), not_clicked=jnp.ones_like(obj),
@@ -326,9 +344,10 @@ def simulate_trajectory(segmenter, params, features, transform: Transform, gt, c
                                   feedback_enabled(rule, round_index, error.is_positive), round_index + 1,
                                   config.threshold, multimask, inside)
         iou = mask_iou(obj, pred, valid)
+        biou = packed_scores(pred, target, width).biou
         clicks = jnp.concatenate([xy, error.is_positive.astype(jnp.int32)[None]]).astype(jnp.int32)
         new = RoundState(pred=pred, not_clicked=not_clicked, points=points, labels=labels, feedback=previous)
-        return new, Trajectory(iou, clicks, used_fallback)
+        return new, Trajectory(iou, clicks, used_fallback, biou)
 
     _, trajectory = lax.scan(one_round, state, jnp.arange(rounds))
     return trajectory
@@ -349,10 +368,11 @@ def trajectory_plan(config: RClicksConfig) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 def simulate_trajectories(segmenter, params, features, transform: Transform, gt, click_model, click_params,
-                          prepared, key, *, config: RClicksConfig) -> tuple[Trajectory, Trajectory]:
+                          prepared, key, *, config: RClicksConfig, width=None) -> tuple[Trajectory, Trajectory]:
     """Base and the clicking-group trajectories of one instance, vmapped over trajectories.
 
-    Group ``g`` (0-based: G(g+1)) has key ``fold_in(key, g)``; Base needs no key.
+    Group ``g`` (0-based: G(g+1)) has key ``fold_in(key, g)``; Base needs no key; ``width`` as
+    `simulate_trajectory`.
 
     Returns:
       (base `Trajectory` with leaves [R, ...] (zero rounds when disabled),
@@ -362,12 +382,13 @@ def simulate_trajectories(segmenter, params, features, transform: Transform, gt,
     group_index = np.arange(is_base.shape[0]) - int(config.run_base)
     keys = jax.vmap(lambda g: jax.random.fold_in(key, g))(jnp.asarray(np.maximum(group_index, 0)))
     one = functools.partial(simulate_trajectory, segmenter, params, features, transform, gt, click_model,
-                            click_params, prepared, config=config)
+                            click_params, prepared, config=config, width=width)
     both = jax.vmap(one)(keys, jnp.asarray(q_low), jnp.asarray(q_high), jnp.asarray(is_base))
     if config.run_base:
         base = jax.tree.map(lambda leaf: leaf[0], both)
     else:
-        base = Trajectory(jnp.zeros((0,), jnp.float32), jnp.zeros((0, 3), jnp.int32), jnp.zeros((0,), bool))
+        base = Trajectory(jnp.zeros((0,), jnp.float32), jnp.zeros((0, 3), jnp.int32), jnp.zeros((0,), bool),
+                          jnp.zeros((0,), jnp.float32))
     return base, jax.tree.map(lambda leaf: leaf[int(config.run_base):], both)
 
 
@@ -414,7 +435,7 @@ def sample_first_round_clicks(key, gt, transform: Transform, click_model, click_
 
 
 def simulate_instance(segmenter, params, features, transform: Transform, gt, click_model, click_params, prepared,
-                      key, user_points=None, *, config: RClicksConfig) -> InstanceResult:
+                      key, user_points=None, *, config: RClicksConfig, width=None) -> InstanceResult:
     """Every enabled mode for one instance (pure; vmap it over instances).
 
     Args:
@@ -422,12 +443,13 @@ def simulate_instance(segmenter, params, features, transform: Transform, gt, cli
       key: the instance key (`instance_key`).
       user_points: int[U, 2] real first-round clicks (x, y), U = ``config.user_slots``
         (padding slots are evaluated too; the caller masks them); None when U = 0.
+      width: i32[] Boundary IoU band width of the image (None: the frame's; `band_width_of`).
     Returns:
       `InstanceResult`.
     """
     slots = config.user_slots
     base, groups = simulate_trajectories(segmenter, params, features, transform, gt, click_model, click_params,
-                                         prepared, key, config=config)
+                                         prepared, key, config=config, width=width)
     if slots:
         if user_points is None or jnp.shape(user_points) != (slots, 2):
             raise ValueError(f"user_points must have shape [{slots}, 2] (config.user_slots); "
@@ -472,7 +494,7 @@ class RClicksProtocol:
     user_clicks: Mapping | None = dataclasses.field(default=None, compare=False, hash=False, repr=False)
 
     name = "RClicks"
-    dilation_ratio = 0.02  # unused: RClicks scores mask IoU only
+    dilation_ratio = DEFAULT_DILATION_RATIO  # the reference's BIoU(0.02) per round
 
     def _user_slots_of(self, seed: int, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         slots = self.config.user_slots
@@ -500,13 +522,14 @@ class RClicksProtocol:
         key = instance_key(config.seed, inputs.seed)
         result = simulate_instance(segmenter, params, inputs.features, inputs.transform, inputs.gt,
                                    self.click_model, aux_params, inputs.extras["prepared"], key,
-                                   inputs.extras["user_points"] if config.user_slots else None, config=config)
+                                   inputs.extras["user_points"] if config.user_slots else None, config=config,
+                                   width=inputs.width)
         outputs = {}
         if config.run_base:
-            outputs.update(base_iou=result.base.iou, base_clicks=result.base.clicks)
+            outputs.update(base_iou=result.base.iou, base_biou=result.base.biou, base_clicks=result.base.clicks)
         if config.num_groups:
-            outputs.update(group_iou=result.groups.iou, group_clicks=result.groups.clicks,
-                           group_fallback=result.groups.used_fallback)
+            outputs.update(group_iou=result.groups.iou, group_biou=result.groups.biou,
+                           group_clicks=result.groups.clicks, group_fallback=result.groups.used_fallback)
         if config.user_slots:
             outputs.update(user_iou=result.user_iou, sample_iou=result.sample_iou, sample_clicks=result.sample_clicks,
                            user_valid=inputs.extras["user_valid"])
@@ -548,9 +571,9 @@ def make_rclicks_batch_fn(segmenter, params, click_model, click_params=None, *,
       announce: ``text -> None`` told before a bucket's program is compiled.
     Returns:
       A `runner.program.BatchProgram` (its ``config`` is the final `RClicksConfig`; programs with equal
-      settings share one compile). Outputs (leading axis B): ``base_iou`` f32[R], ``base_clicks`` i32[R, 3];
-      ``group_iou`` f32[G, R], ``group_clicks`` i32[G, R, 3] (x, y, is_positive), ``group_fallback``
-      bool[G, R]; with user clicks ``user_iou``, ``sample_iou`` f32[U], ``sample_clicks`` i32[U, 2],
+      settings share one compile). Outputs (leading axis B): ``base_iou``, ``base_biou`` f32[R],
+      ``base_clicks`` i32[R, 3]; ``group_iou``, ``group_biou`` f32[G, R], ``group_clicks`` i32[G, R, 3]
+      (x, y, is_positive), ``group_fallback`` bool[G, R]; with user clicks ``user_iou``, ``sample_iou`` f32[U], ``sample_clicks`` i32[U, 2],
       ``user_valid`` bool[U].
     Raises:
       ValueError: bad settings, more clicks than slots, or two instances whose
@@ -579,8 +602,8 @@ def finalize_record(instance, outputs: Mapping) -> dict:
       instance: the loaded `Instance`.
       outputs: its slot of the batch outputs (NumPy).
     Returns:
-      payload dict: ``base_iou`` [R], ``base_clicks`` [R, 3], ``group_iou`` [G, R],
-      ``group_clicks`` [G, R, 3], ``group_fallback`` [G, R] (those enabled), and with
+      payload dict: ``base_iou``, ``base_biou`` [R], ``base_clicks`` [R, 3], ``group_iou``, ``group_biou``
+      [G, R], ``group_clicks`` [G, R, 3], ``group_fallback`` [G, R] (those enabled), and with
       user clicks ``user_iou`` [n], ``sample_iou`` [n], ``sample_clicks`` [n, 2],
       ``n_user_clicks`` (n may be 0).
     """

@@ -14,8 +14,10 @@ Records (``RUN_DIR/records.jsonl``, one JSON line per instance): the batch
 function's outputs (`jaxseg_robust.attacks.boxes.make_box_batch_fn`), with
 the per-iterate trajectory (boxes, losses, IoU/BIoU per step) unless
 ``--no-trajectory``; user mode: per user box its IoU, BIoU, resized-frame
-IoU, box and user id. The per-dataset summary (`jaxseg_robust.reports.breps`)
-is printed and written to ``RUN_DIR/summary.md`` and ``RUN_DIR/summary.csv``.
+IoU, box and user id. The per-dataset summary (`jaxseg_robust.reports.breps`,
+with the seconds per instance, device and wall, and the compile total of
+``RUN_DIR/timings.jsonl`` / ``compile.jsonl``: `commands.running.finish`) is
+printed and written to ``RUN_DIR/summary.md`` and ``RUN_DIR/summary.csv``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from jaxseg_robust.commands.running import (
     run_protocol,
     start_processes,
     startup_line,
+    timed_finalize_of,
 )
 
 COMMAND = "breps"
@@ -311,6 +314,8 @@ def execute(args) -> tuple:
             print(f"note: {without} instance(s) have no user box and are not evaluated", file=sys.stderr)
         instances = [instance for instance in instances if instance.key in user_boxes]
     batch_fn, finalize = make_batch_function(args, model, user_boxes)
+    batch_fn = batch_fn.with_timing()
+    finalize = timed_finalize_of(args, batch_fn, finalize)  # seconds into timings.jsonl, compiles into compile.jsonl
     config = protocol_config(args, model, user_fingerprint)
     summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
                            finalize=with_image_source(finalize))  # records where the image lives, for plots

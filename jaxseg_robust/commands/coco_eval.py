@@ -3,7 +3,8 @@
 A drop-in for the Boundary IoU authors' COCO / LVIS evaluators
 (docs/protocols/boundary_ap_pq.md): prints the familiar summary lines,
 optionally writes ``--out FILE.csv`` (``metric,value``), ``FILE.per_category.csv``
-and ``FILE.md``. Exit codes: 0 done, 2 bad arguments or input (one line
+and ``FILE.md``; every number, printed or written, is a fraction in [0, 1] as
+the summary lines print it (`jaxseg_robust.reports.coco_eval`). Exit codes: 0 done, 2 bad arguments or input (one line
 naming the file, image, annotation or result).
 """
 
@@ -17,8 +18,7 @@ from jaxseg_robust.evaluation.instances import DATASETS, IOU_TYPES, InstanceEval
 from jaxseg_robust.evaluation.mask_counts import MASK_PATHS, device_summary, uses_runs
 from jaxseg_robust.metrics.coco_ap import PER_CATEGORY_COLUMNS
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
-from jaxseg_robust.reports.coco_eval import instance_text, write_outputs
-from jaxseg_robust.reports.tables import markdown_table
+from jaxseg_robust.reports.coco_eval import instance_text, per_category_markdown, write_outputs
 from jaxseg_robust.runner.progress import PROGRESS_MODES, check_progress_mode
 from jaxseg_robust.runner.rundir import check_writable_file
 
@@ -92,10 +92,8 @@ def run(args) -> int:
     except (CocoFormatError, ImportError) as error:
         return _error(str(error))
     print(instance_text(result.summary, args.dataset))
-    if args.per_category:
-        print(markdown_table(("category",) + PER_CATEGORY_COLUMNS,
-                             ([row["name"]] + [f"{100 * row[c]:.2f}" if row[c] >= 0 else "-"
-                                               for c in PER_CATEGORY_COLUMNS] for row in result.per_category)))
+    if args.per_category:  # fractions, like the summary lines above (reports.coco_eval)
+        print(per_category_markdown(result.per_category, PER_CATEGORY_COLUMNS))
     if args.out:
         title = f"{'Boundary AP' if args.iou_type == 'boundary' else 'Mask AP'} ({args.dataset})"
         paths = write_outputs(args.out, title, result.summary, result.per_category, PER_CATEGORY_COLUMNS)

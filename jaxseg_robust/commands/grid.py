@@ -16,7 +16,9 @@ Records: the scalar results per instance (min / max / baseline scores and
 positions, grid sizes) and ``heatmaps``: the path (relative to the run
 directory) of ``heatmaps/<dataset>/<id>.npz`` holding the heatmaps cropped to
 the instance's image (NumPy arrays; a stride-1 heatmap of a large image would
-not fit a JSON line). The per-dataset table (`jaxseg_robust.reports.grid`) is
+not fit a JSON line). The per-dataset table (`jaxseg_robust.reports.grid`,
+with the seconds per instance, device and wall, and the compile total of
+``RUN_DIR/timings.jsonl`` / ``compile.jsonl``: `commands.running.finish`) is
 printed and written to ``RUN_DIR/summary.md`` / ``summary.csv``.
 """
 
@@ -51,6 +53,7 @@ from jaxseg_robust.commands.running import (
     run_protocol,
     start_processes,
     startup_line,
+    timed_finalize_of,
 )
 
 COMMAND = "grid"
@@ -274,10 +277,10 @@ def execute(args) -> tuple:
     if args.kind == "box":
         refuse_click_only(model, "grid --kind box")
     args.thresh = resolve_threshold(args.thresh, model)  # the family's unless --thresh says otherwise
-    batch_fn = make_batch_function(args, model, multimask)
+    batch_fn = make_batch_function(args, model, multimask).with_timing()
     config = protocol_config(args, model, multimask)
     summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
-                           finalize=make_finalize(args.out, args.kind, args.stride))
+                           finalize=timed_finalize_of(args, batch_fn, make_finalize(args.out, args.kind, args.stride)))
     table = grid_table(load_run_records(args.out), args.kind, multimask)
     return summary, to_markdown(table), to_csv(table)
 

@@ -58,7 +58,7 @@ from jaxseg_robust.commands.flags import (
     positive_int,
 )
 from jaxseg_robust.commands.loading import load_instances
-from jaxseg_robust.commands.running import report_error, run_protocol, start_processes
+from jaxseg_robust.commands.running import report_error, run_protocol, start_processes, timed_finalize_of
 from jaxseg_robust.runner.engine import recorded_counts
 
 ATTACK_GROUPS = {
@@ -282,7 +282,8 @@ class ExampleSaver:
 
 
 def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, seed: int, padded: bool = False):
-    """``PaddedBatch -> outputs [B, ...]``: the battery, the per-image worst image and predictions.
+    """``PaddedBatch -> outputs [B, ...]`` as a `TimedBattery`: the battery, the per-image worst image and
+    predictions, and the batch's timing.
 
     ``padded``: the batch's frames are padded spatially (``--pad-to-multiple``,
     §10.6): ``batch.valid`` is then the attack region (nothing outside it is
@@ -292,6 +293,7 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
     import jax.numpy as jnp  # noqa: PLC0415
 
     from jaxseg_robust.attacks.perturb import instance_keys, run_battery, score_program  # noqa: PLC0415
+    from jaxseg_robust.attacks.perturb.programs import CompiledProgram  # noqa: PLC0415
     from jaxseg_robust.models.dense.prompted import tight_box_prompts, with_prompts  # noqa: PLC0415
 
     model = target.model
@@ -299,7 +301,8 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
     num_classes = battery_config.num_classes
     background = battery_config.background_class
     base_key = jax.random.key(seed)
-    predict = jax.jit(lambda params, images: jnp.argmax(logits_fn(params, images), axis=-1).astype(jnp.int32))
+    predict = CompiledProgram("predict", lambda params, images: jnp.argmax(logits_fn(params, images),
+                                                                           axis=-1).astype(jnp.int32))
 
     def batch_fn(batch):
         images = jnp.asarray(batch.image).astype(jnp.float32) / 255.0
@@ -328,7 +331,49 @@ def make_batch_fn(target: Target, candidates, battery_config, labels_mode: str, 
                 "valid": np.asarray(valid), "clean_pred": np.asarray(clean_pred, np.int16),
                 "adv_pred": np.asarray(predict(params, jnp.asarray(worst)), np.int16)}
 
-    return batch_fn
+    programs = [c.program for c in candidates if c.program is not None]
+    return TimedBattery(batch_fn, [*programs, score_program(logits_fn, num_classes), predict])
+
+
+class TimedBattery:
+    """The battery's batch function with ``TIMING_KEY`` outputs and a compile log, as a timed
+    `jaxseg_robust.runner.program.BatchProgram` has them (`reports.artifacts.timed_finalize` reads both).
+
+    Device seconds of a batch: what the battery's compiled programs ran (each call waits for its
+    outputs); wall seconds: the whole batch function (host work between the programs included),
+    minus the compile seconds, which go to ``compile_log`` (one `CompileEvent` per batch that compiled:
+    a new image size, or padded frame).
+
+    Attributes:
+      compile_log: the `runner.program.CompileLog`.
+    """
+
+    def __init__(self, batch_fn, programs):
+        from jaxseg_robust.runner.program import CompileLog  # noqa: PLC0415
+
+        self.batch_fn = batch_fn
+        self.programs = list({id(program): program for program in programs}.values())
+        self.compile_log = CompileLog()
+
+    def _totals(self) -> tuple[float, float]:
+        return (sum(p.compile_seconds for p in self.programs), sum(p.run_seconds for p in self.programs))
+
+    def __call__(self, batch) -> dict:
+        import time  # noqa: PLC0415
+
+        from jaxseg_robust.runner.program import TIMING_KEY, CompileEvent, batch_timing  # noqa: PLC0415
+
+        compiled, ran = self._totals()
+        begin = time.perf_counter()
+        outputs = dict(self.batch_fn(batch))
+        wall = time.perf_counter() - begin
+        compiled, ran = (after - before for after, before in zip(self._totals(), (compiled, ran)))
+        if compiled > 0:
+            gt_shape = np.shape(batch.gt)
+            self.compile_log.add(CompileEvent("perturbation battery", (int(gt_shape[1]), int(gt_shape[2])),
+                                              int(gt_shape[0]), compiled))
+        outputs[TIMING_KEY] = batch_timing(batch.instance_valid, ran, wall - compiled)
+        return outputs
 
 
 def make_finalize(saver: ExampleSaver, background_class: int):
@@ -367,9 +412,13 @@ def make_finalize(saver: ExampleSaver, background_class: int):
 
 def _report(out: pathlib.Path, write: bool) -> None:
     from jaxseg_robust.reports import perturb as report  # noqa: PLC0415
+    from jaxseg_robust.reports.report_files import write_table_files  # noqa: PLC0415
+    from jaxseg_robust.reports.timing_summary import add_run_timing  # noqa: PLC0415
 
     run = report.load_run(out)
-    print(report.summary_markdown(run))
+    markdown, csv_text = add_run_timing(out, report.summary_markdown(run), report.summary_csv(run))
+    print(markdown)
+    write_table_files(out, "summary", markdown, csv_text)  # RUN_DIR/summary.md / .csv, as every protocol's
     wins = report.win_counts(run)
     if run.keys:
         print("per-image worst case (by mIoU): " + ", ".join(f"{w['attack']} {w['wins_miou']}" for w in wins))
@@ -525,9 +574,9 @@ def run_battery_into(args, target: Target, instances, battery):
     attacked = ", ".join(name for name in names if name != "clean")
     print(f"perturb: {len(instances)} instances, attacks {attacked}, ε = {args.eps}, "
           f"model {target.description['model']} ({target.description['kind']})", flush=True)
-    summary = run_protocol(args, instances=instances, config=config, model=target, check=None,
-                           batch_fn=make_batch_fn(target, candidates, battery, args.labels, args.seed, padded),
-                           finalize=make_finalize(saver, battery.background_class))
+    batch_fn = make_batch_fn(target, candidates, battery, args.labels, args.seed, padded)
+    summary = run_protocol(args, instances=instances, config=config, model=target, check=None, batch_fn=batch_fn,
+                           finalize=timed_finalize_of(args, batch_fn, make_finalize(saver, battery.background_class)))
     compiled = battery_compile_summary(candidates, target.model.apply, battery.num_classes)
     write_compile_summary(pathlib.Path(args.out), compiled)
     return summary, compiled

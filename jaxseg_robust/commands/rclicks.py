@@ -9,9 +9,11 @@ click (User) and as many sampled first-round clicks (SamplingUsersCount).
 Records go to the run directory (append-only, resumable: rerun the same command
 to continue); at the end the per-dataset table (NoC20@90, NoF20@90,
 IoU-AuC20, NSR, first-round columns; docs/protocols/rclicks.md §6; the headers name
-``--n-clicks`` and ``--target-iou``, e.g. NoC5@85) is printed and written
-as ``rclicks_noc.md`` / ``rclicks_noc.csv`` with a clicking-groups figure per
-plotted instance (``groups_<dataset>_<id>.png``).
+``--n-clicks`` and ``--target-iou``, e.g. NoC5@85) is printed and written to
+``RUN_DIR/summary.md`` / ``summary.csv`` like every prompt protocol's
+(`commands.running.finish`), with a clicking-groups figure per plotted instance
+(``groups_<dataset>_<id>.png``). The records hold IoU and Boundary IoU per round
+(``base_iou`` / ``base_biou``, ``group_iou`` / ``group_biou``).
 
 Exit codes: 0 every instance evaluated; 1 some instances failed (listed, and in
 the records); 2 bad arguments, nothing could be run, or every instance failed.
@@ -29,7 +31,6 @@ import numpy as np
 from jaxseg_robust.commands import flags, loading, running
 from jaxseg_robust.commands.flags import CommandError
 from jaxseg_robust.commands.isegm_predictor import with_authors_predictor
-from jaxseg_robust.exit_codes import EXIT_FAILURE
 
 COMMAND = "rclicks"
 DEFAULT_BATCH_SIZE = 4
@@ -197,8 +198,7 @@ def _run(args) -> int:
         user_slot_count,
     )
     from jaxseg_robust.metrics.rclicks_benchmark import benchmark_by_dataset  # noqa: PLC0415
-    from jaxseg_robust.reports.rclicks import to_markdown, write_tables  # noqa: PLC0415
-    from jaxseg_robust.runner.engine import recorded_counts  # noqa: PLC0415
+    from jaxseg_robust.reports.rclicks import to_csv, to_markdown  # noqa: PLC0415
     from jaxseg_robust.runner.records import read_run_records  # noqa: PLC0415
     from jaxseg_robust.models.clickmap.isegm import rclicks_options  # noqa: PLC0415
     from jaxseg_robust.runner.sharding import data_mesh, replicate  # noqa: PLC0415
@@ -219,7 +219,7 @@ def _run(args) -> int:
         batch_fn = make_rclicks_batch_fn(
             model.segmenter, model.params, loaded.model,
             None if loaded.params is None else replicate(loaded.params, mesh),
-            config=config, user_clicks=user_clicks, announce=running.startup_line)
+            config=config, user_clicks=user_clicks, announce=running.startup_line).with_timing()
     except ValueError as error:
         raise CommandError(str(error)) from None
     run_config = {"protocol": COMMAND, "model": args.model, "model_source": model.source,
@@ -229,18 +229,15 @@ def _run(args) -> int:
     if isegm is not None:
         run_config["isegm"] = isegm
     summary = running.run_protocol(args, instances=instances, batch_fn=batch_fn, config=run_config, model=model,
-                                  finalize=finalize_record, mesh=mesh)
+                                  finalize=running.timed_finalize_of(args, batch_fn, finalize_record), mesh=mesh)
     records = [r for r in read_run_records(args.out) if r["dataset"] in {i.dataset for i in instances}]
     benchmarks = benchmark_by_dataset(records, threshold=args.target_iou, num_clicks=args.n_clicks)
-    out_dir = pathlib.Path(args.out)
-    files = write_tables(benchmarks, out_dir) if benchmarks else []
+    figures = []
     try:
-        files += _plot_groups(instances, loaded, config, out_dir, args.plot_groups)
+        figures = _plot_groups(instances, loaded, config, pathlib.Path(args.out), args.plot_groups)
     except Exception as error:  # noqa: BLE001 - a figure must not hide the run's results
         print(f"jaxseg-robust {COMMAND}: warning: clicking-groups figure failed: {type(error).__name__}: {error}")
-    table = to_markdown(benchmarks) if benchmarks else "(no instance evaluated)"
-    running.print_outcome(summary, table, files)
-    recorded = recorded_counts(args.out)
-    if recorded["ok"] == 0:
-        return EXIT_FAILURE
-    return running.exit_code(summary, recorded["ok"])
+    code = running.finish(COMMAND, args, summary, to_markdown(benchmarks), to_csv(benchmarks))
+    for path in figures:
+        print(f"wrote {path}")
+    return code

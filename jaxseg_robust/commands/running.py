@@ -156,8 +156,30 @@ def write_tables(run_dir, markdown: str, csv_text: str, stem: str = "summary") -
     return list(write_table_files(run_dir, stem, markdown, csv_text).values())
 
 
+def process_index_of(args) -> int:
+    """This process's index among the run's processes (names its timings file)."""
+    if getattr(args, "process_index", None) is not None:
+        return int(args.process_index)
+    if getattr(args, "distributed", False):
+        import jax  # noqa: PLC0415
+
+        return int(jax.process_index())
+    return 0
+
+
+def timed_finalize_of(args, batch_fn, finalize=None, clicks: int = 0):
+    """The engine ``finalize`` of a timed `runner.program.BatchProgram` (``batch_fn``): its timings and
+    compile events into ``args.out`` (`reports.artifacts.timed_finalize`), then ``finalize``."""
+    from jaxseg_robust.reports.artifacts import timed_finalize  # noqa: PLC0415
+
+    return timed_finalize(args.out, batch_fn.compile_log, clicks, process_index_of(args), finalize)
+
+
 def finish(command: str, args, summary, markdown: str, csv_text: str) -> int:
     """The common end of a prompt-protocol command: write and print the tables, return the exit code.
+
+    The tables get the run's seconds per instance (device and wall) and its compile seconds
+    (`jaxseg_robust.reports.timing_summary`) before they are written and printed.
 
     Args:
       command: the sub-command name (for messages).
@@ -168,8 +190,10 @@ def finish(command: str, args, summary, markdown: str, csv_text: str) -> int:
     Returns:
       `exit_code` over everything recorded in the run directory.
     """
+    from jaxseg_robust.reports.timing_summary import add_timing  # noqa: PLC0415
     from jaxseg_robust.runner.engine import recorded_counts  # noqa: PLC0415
 
+    markdown, csv_text = add_timing(args.out, markdown, csv_text)
     files = write_tables(args.out, markdown, csv_text)
     print_outcome(summary, markdown, files)
     code = exit_code(summary, recorded_counts(args.out)["ok"])

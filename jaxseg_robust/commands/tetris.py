@@ -19,10 +19,12 @@ accepted steps, the per-instance ``auc_iou@K`` over the trajectory's K clicks;
 image file and evaluated size, for the report's plots). Beside them
 (`jaxseg_robust.reports.artifacts`): each trajectory's final predicted mask
 (``RUN_DIR/masks/``) and the seconds of the jitted batch call per instance
-(``RUN_DIR/timings.jsonl``; compile time excluded: each bucket's program is
-compiled before its first timed call, announced on stderr). The per-dataset
-table (`jaxseg_robust.reports.tetris`, with seconds per instance and per
-click) is printed and written to ``RUN_DIR/summary.md`` and ``summary.csv``,
+(``RUN_DIR/timings.jsonl``: device and wall seconds; compile time excluded: each
+bucket's program is compiled before its first timed call, announced on stderr
+and timed in ``RUN_DIR/compile.jsonl``). The per-dataset table
+(`jaxseg_robust.reports.tetris`, with device seconds per instance and per
+click, then every protocol's seconds table: `commands.running.finish`) is
+printed and written to ``RUN_DIR/summary.md`` and ``summary.csv``,
 the per-instance, per-click IoU/BIoU to ``RUN_DIR/ious.csv`` (RITM's
 ``--save-ious``); ``jaxseg-robust report RUN_DIR`` adds plots.
 """
@@ -56,6 +58,7 @@ from jaxseg_robust.commands.running import (
     run_protocol,
     start_processes,
     startup_line,
+    timed_finalize_of,
 )
 
 COMMAND = "tetris"
@@ -224,28 +227,22 @@ def clicks_per_instance(attack, baseline, mode: str) -> int:
     return attacks + (0 if baseline is None else baseline.n_clicks)
 
 
-def finalize_payload(run_dir, clicks: int, process_index: int = 0):
+def finalize_payload(args, batch_fn, clicks: int):
     """The engine ``finalize``: moves masks and timings out of the outputs into side files.
 
     Each trajectory's ``mask`` (frame-sized) is cropped to the instance's size
     and written as ``RUN_DIR/masks/<dataset>/<id>.<trajectory>.png``; the
     batch timing becomes one line of ``RUN_DIR/timings[.process<k>].jsonl``
+    and each compiled bucket one of ``RUN_DIR/compile.jsonl``
     (`jaxseg_robust.reports.artifacts`). The payload is what it was before
     these outputs existed, so records stay comparable across versions and resumes.
     """
-    from jaxseg_robust.reports.artifacts import append_timing, store_masks, timing_line  # noqa: PLC0415
-    from jaxseg_robust.runner.program import TIMING_KEY  # noqa: PLC0415
+    from jaxseg_robust.reports.artifacts import store_masks  # noqa: PLC0415
 
-    def finalize(instance, outputs) -> dict:
-        payload = dict(outputs)
-        timing = payload.pop(TIMING_KEY, None)
-        payload = store_masks(run_dir, instance, payload)
-        if timing is not None:
-            append_timing(run_dir, timing_line(instance.key, float(timing["batch_seconds"]),
-                                               int(timing["batch_instances"]), clicks), process_index)
-        return payload
+    def masks(instance, outputs) -> dict:
+        return store_masks(args.out, instance, outputs)
 
-    return finalize
+    return timed_finalize_of(args, batch_fn, masks, clicks)
 
 
 def with_attack_predictor(args, model: LoadedModel, instances):
@@ -255,17 +252,6 @@ def with_attack_predictor(args, model: LoadedModel, instances):
     from jaxseg_robust.models.clickmap.isegm import authors_options  # noqa: PLC0415
 
     return with_authors_predictor(args, model, instances, options_of=authors_options, command="TETRIS")
-
-
-def process_index_of(args) -> int:
-    """This process's index among the run's processes (names its timings file)."""
-    if getattr(args, "process_index", None) is not None:
-        return int(args.process_index)
-    if getattr(args, "distributed", False):
-        import jax  # noqa: PLC0415
-
-        return int(jax.process_index())
-    return 0
 
 
 def execute(args) -> tuple:
@@ -292,7 +278,7 @@ def execute(args) -> tuple:
     config = protocol_config(args, model, attack, baseline)
     if isegm is not None:
         config["isegm"] = isegm
-    finalize = finalize_payload(args.out, clicks_per_instance(attack, baseline, args.mode), process_index_of(args))
+    finalize = finalize_payload(args, batch_fn, clicks_per_instance(attack, baseline, args.mode))
     summary = run_protocol(args, instances=instances, batch_fn=batch_fn, config=config, model=model,
                            finalize=with_image_source(finalize))
     records = load_run_records(args.out)

@@ -1,4 +1,4 @@
-"""Per-instance side files of a run directory: predicted masks and protocol timings.
+"""Per-instance side files of a run directory: predicted masks, protocol timings and compile times.
 
 Records (``records*.jsonl``) hold numbers only and no timings, so that the
 same instance gives the same line in an uninterrupted run and after a resume.
@@ -14,24 +14,40 @@ records, one file or line per instance:
       are `file_stem` s: names that are not plain file names get a hash
       suffix, so two instances never share a file.
   ``RUN_DIR/timings[.process<k>].jsonl``
-      one JSON line per instance and evaluation: ``dataset``, ``id``,
-      ``batch_seconds`` (host wall time of the jitted batch call, measured
-      after the program for that bucket was compiled: compile time is not
-      included), ``batch_instances`` (real instances in that batch),
-      ``seconds`` (= batch_seconds / batch_instances, the instance's share)
-      and ``clicks`` (clicks computed for the instance over all its
-      trajectories; 0 for protocols without clicks). The last line of an
-      instance wins (a rerun after a kill may time it again).
+      one JSON line per instance and evaluation, written by every protocol
+      (`timed_finalize`): ``dataset``, ``id``, ``batch_seconds`` (device
+      time of the batch: the jitted call until ``block_until_ready``),
+      ``batch_wall_seconds`` (wall time of the batch: the host preparation
+      of the padded batch and that call; `runner.program.BatchProgram`,
+      perturb: its batch function), ``batch_instances`` (real instances in
+      that batch), ``seconds`` and ``wall_seconds`` (the two divided by
+      batch_instances: the instance's share; ``seconds`` is the device
+      time) and ``clicks`` (clicks computed for the instance over all its
+      trajectories; 0 for protocols without clicks). Each bucket's program
+      is compiled before its first timed call, so neither time includes
+      compiling. The last line of an instance wins (a rerun after a kill
+      may time it again). Lines written before the wall time was recorded
+      have no ``wall_seconds`` (read as NaN).
+  ``RUN_DIR/compile.jsonl``
+      one JSON line per compiled bucket program (`append_compile_events`):
+      ``program`` (what was compiled), ``frame`` [H, W], ``batch``,
+      ``seconds`` (compile wall seconds) and ``process``. Every session of
+      a run directory (a resume) compiles its buckets again and adds lines.
+      perturb also appends one session summary line per run (``programs``,
+      ``compiles``, ``compile_seconds``, ...; no ``seconds``), which
+      `read_compile_events` skips.
 
-Run directories written before these files existed simply have neither:
-`read_mask` returns None and `read_timings` an empty mapping, and the
-reports leave the mask overlays and the timing columns out.
+Run directories written before these files existed simply have none:
+`read_mask` returns None, `read_timings` an empty mapping and
+`read_compile_events` an empty list, and the reports leave the mask overlays
+and the timing columns out.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import pathlib
 from collections.abc import Mapping
@@ -42,6 +58,7 @@ from jaxseg_robust.hashing import file_stem
 
 MASKS_DIR = "masks"
 TIMINGS_GLOB = "timings*.jsonl"
+COMPILE_LOG = "compile.jsonl"
 
 
 def mask_path(run_dir, key: tuple[str, str], name: str) -> pathlib.Path:
@@ -112,12 +129,15 @@ def timings_path(run_dir, process_index: int = 0) -> pathlib.Path:
     return pathlib.Path(run_dir) / f"timings{suffix}.jsonl"
 
 
-def timing_line(key: tuple[str, str], batch_seconds: float, batch_instances: int, clicks: int) -> dict:
-    """One timing entry (see the module docstring)."""
+def timing_line(key: tuple[str, str], batch_seconds: float, batch_instances: int, clicks: int,
+                batch_wall_seconds: float = math.nan) -> dict:
+    """One timing entry (see the module docstring): device seconds ``batch_seconds`` and wall seconds
+    ``batch_wall_seconds`` of the batch, and each divided by ``batch_instances``."""
     batch_instances = max(int(batch_instances), 1)
     return {"dataset": key[0], "id": key[1], "batch_seconds": float(batch_seconds),
-            "batch_instances": batch_instances, "seconds": float(batch_seconds) / batch_instances,
-            "clicks": int(clicks)}
+            "batch_wall_seconds": float(batch_wall_seconds), "batch_instances": batch_instances,
+            "seconds": float(batch_seconds) / batch_instances,
+            "wall_seconds": float(batch_wall_seconds) / batch_instances, "clicks": int(clicks)}
 
 
 def append_timing(run_dir, entry: Mapping, process_index: int = 0) -> None:
@@ -125,6 +145,62 @@ def append_timing(run_dir, entry: Mapping, process_index: int = 0) -> None:
     path = timings_path(run_dir, process_index)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(dict(entry), sort_keys=True) + "\n")
+
+
+def timed_finalize(run_dir, compile_log, clicks: int = 0, process_index: int = 0, finalize=None):
+    """An engine ``finalize`` that moves a batch's timing out of the outputs into the side files.
+
+    Each instance's ``TIMING_KEY`` output (`runner.program.batch_timing`) becomes its `timing_line`
+    in ``timings[.process<k>].jsonl`` and the compile events ``compile_log`` gathered since the last
+    call are appended to ``compile.jsonl``; the rest of the outputs goes to ``finalize`` (None: kept
+    as the payload). Records therefore hold no timings.
+
+    Args:
+      run_dir: the run directory.
+      compile_log: the batch function's `runner.program.CompileLog`.
+      clicks: clicks one instance computes (the divisor of seconds per click; 0 without clicks).
+      process_index: this process's index (names its timings file).
+      finalize: the protocol's own ``finalize(instance, outputs) -> payload``, or None.
+    """
+    from jaxseg_robust.runner.program import TIMING_KEY  # noqa: PLC0415
+
+    def finalize_timed(instance, outputs):
+        outputs = dict(outputs)
+        timing = outputs.pop(TIMING_KEY, None)
+        append_compile_events(run_dir, compile_log.drain(), process_index)
+        if timing is not None:
+            append_timing(run_dir, timing_line(instance.key, float(timing["batch_seconds"]),
+                                               int(timing["batch_instances"]), clicks,
+                                               float(timing["batch_wall_seconds"])), process_index)
+        return outputs if finalize is None else finalize(instance, outputs)
+
+    return finalize_timed
+
+
+def append_compile_events(run_dir, events, process_index: int = 0) -> None:
+    """Appends one ``compile.jsonl`` line per `runner.program.CompileEvent` (nothing for none)."""
+    lines = [json.dumps({"program": e.program, "frame": list(e.frame), "batch": int(e.batch),
+                         "seconds": float(e.seconds), "process": int(process_index)}, sort_keys=True) + "\n"
+             for e in events]
+    if lines:
+        with open(pathlib.Path(run_dir) / COMPILE_LOG, "a", encoding="utf-8") as handle:
+            handle.write("".join(lines))
+
+
+def read_compile_events(run_dir) -> list[dict]:
+    """The bucket compile lines of ``compile.jsonl`` (those with ``seconds``), in order; ``[]`` when none."""
+    path = pathlib.Path(run_dir) / COMPILE_LOG
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+            entry["seconds"] = float(entry["seconds"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a cut-off line, or perturb's session summary
+        events.append(entry)
+    return events
 
 
 def read_timings(run_dir) -> dict[tuple[str, str], dict]:
@@ -146,5 +222,6 @@ def read_timings(run_dir) -> dict[tuple[str, str], dict]:
     return timings
 
 
-__all__ = ["MASKS_DIR", "file_stem", "mask_path", "write_mask", "read_mask", "store_masks", "timings_path",
-           "timing_line", "append_timing", "read_timings"]
+__all__ = ["MASKS_DIR", "COMPILE_LOG", "file_stem", "mask_path", "write_mask", "read_mask", "store_masks",
+           "timings_path", "timing_line", "append_timing", "timed_finalize", "append_compile_events",
+           "read_compile_events", "read_timings"]

@@ -2,9 +2,15 @@
 
 The terminal text is what the official evaluators print (``COCOeval.summarize``
 lines, LVIS' ``print_results`` lines, panopticapi's PQ table), so a reader
-finds the familiar layout. The CSV holds ``metric,value`` rows with the
-standard names and full-precision fractions; the Markdown beside it shows the
-same numbers as percentages plus the per-category table.
+finds the familiar layout. One unit everywhere else: **fractions in [0, 1]**,
+as ``COCOeval.summarize`` prints them (AP 0.412 is 41.2 %). The CSV holds
+``metric,value`` rows with the standard names and full-precision fractions,
+the per-category CSV one row per category, and the Markdown beside them and
+the printed per-category table (`per_category_markdown`) the same fractions to
+three decimals (`fraction_text`; ``-`` = undefined, -1 in the CSV as the
+references print it). The one exception is panopticapi's table, printed in
+percent as panopticapi prints it, with "percent" in its header
+(`panoptic_text`).
 """
 
 from __future__ import annotations
@@ -45,9 +51,13 @@ def instance_text(summary: dict, dataset: str, lvis_max_dets: int = 300) -> str:
     return "\n".join(lines)
 
 
+PANOPTIC_TABLE_UNIT = "percent"  # the header cell of panopticapi's table (its values are x100)
+
+
 def panoptic_text(groups: dict) -> str:
-    """panopticapi's table: PQ, SQ, RQ (percent) and the number of categories per group."""
-    lines = ["{:10s}| {:>5s}  {:>5s}  {:>5s} {:>5s}".format("", "PQ", "SQ", "RQ", "N"), "-" * (10 + 7 * 4)]
+    """panopticapi's table: PQ, SQ, RQ in percent (its header says so) and the number of categories per group."""
+    lines = ["{:10s}| {:>5s}  {:>5s}  {:>5s} {:>5s}".format(PANOPTIC_TABLE_UNIT, "PQ", "SQ", "RQ", "N"),
+             "-" * (10 + 7 * 4)]
     for name, values in groups.items():
         lines.append("{:10s}| {:5.1f}  {:5.1f}  {:5.1f} {:5d}".format(
             name, 100 * values["pq"], 100 * values["sq"], 100 * values["rq"], values["n"]))
@@ -67,21 +77,30 @@ def per_category_csv(rows: list[dict]) -> str:
     return csv_text(header, ([repr(float(r[k])) if isinstance(r[k], float) else r[k] for k in header] for r in rows))
 
 
-def _percent(value: float) -> str:
+FRACTIONS_NOTE = ("Values are fractions in [0, 1], as COCOeval's summarize prints them (0.412 = 41.2 %); "
+                  "`-` = undefined (no ground truth in that setting).")
+
+
+def fraction_text(value: float) -> str:
+    """A metric as the summary lines print it: a fraction to three decimals; ``-`` when undefined (< 0)."""
     if isinstance(value, float) and math.isnan(value):
         return "nan"
-    return "-" if value < 0 else f"{100 * value:.2f}"
+    return "-" if value < 0 else f"{value:.3f}"
+
+
+def per_category_markdown(per_category: list[dict], columns: tuple[str, ...]) -> str:
+    """The per-category table (``name (id)`` and ``columns``) in `fraction_text` cells: printed and in ``FILE.md``."""
+    return markdown_table(("category",) + tuple(columns),
+                          ([f"{r['name']} ({r['category_id']})"] + [fraction_text(r[c]) for c in columns]
+                           for r in per_category))
 
 
 def summary_markdown(title: str, summary: dict, per_category: list[dict], columns: tuple[str, ...]) -> str:
-    """The Markdown file: the summary (percent) and the per-category table."""
-    parts = [f"# {title}", "", "Values in percent; `-` = undefined (no ground truth in that setting).", "",
-             markdown_table(("metric", "value"), ([name, _percent(value)] for name, value in summary.items()))]
+    """The Markdown file: the summary and the per-category table, both in fractions (`fraction_text`)."""
+    parts = [f"# {title}", "", FRACTIONS_NOTE, "",
+             markdown_table(("metric", "value"), ([name, fraction_text(value)] for name, value in summary.items()))]
     if per_category:
-        parts += ["", "## Per category", "",
-                  markdown_table(("category",) + columns,
-                                 ([f"{r['name']} ({r['category_id']})"] + [_percent(r[c]) for c in columns]
-                                  for r in per_category))]
+        parts += ["", "## Per category", "", per_category_markdown(per_category, columns)]
     return "\n".join(parts) + "\n"
 
 
@@ -98,4 +117,5 @@ def write_outputs(out_csv, title: str, summary: dict, per_category: list[dict],
     return paths
 
 
-__all__ = ["instance_text", "panoptic_text", "summary_csv", "per_category_csv", "summary_markdown", "write_outputs"]
+__all__ = ["PANOPTIC_TABLE_UNIT", "FRACTIONS_NOTE", "instance_text", "panoptic_text", "summary_csv",
+           "per_category_csv", "fraction_text", "per_category_markdown", "summary_markdown", "write_outputs"]

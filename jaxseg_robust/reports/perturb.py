@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import io
 import math
 import pathlib
 import sys
@@ -210,6 +211,17 @@ def summary_markdown(run: PerturbRun) -> str:
         return "(no instance finished)"
     return markdown_table(rows, ("mode", "attack", "accuracy", "cmiou", "nmiou"),
                           ("mode", "attack", "Acc %", "CmIoU %", "NmIoU %"))
+
+
+def summary_csv(run: PerturbRun) -> str:
+    """`metric_rows` as CSV text (fractions at full precision; the header alone when no instance finished)."""
+    rows = metric_rows(run)
+    handle = io.StringIO()
+    writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["mode", "attack"], lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: (repr(v) if isinstance(v, float) else v) for k, v in row.items()})
+    return handle.getvalue()
 
 
 def _write_csv(path: pathlib.Path, rows: Sequence[Mapping]) -> None:

@@ -33,9 +33,10 @@ from jaxseg_robust.metrics.rclicks_benchmark import IOU_TARGET, NUM_CLICKS, Data
 from jaxseg_robust.reports.report_files import write_table_files
 from jaxseg_robust.reports.tables import markdown_table
 
-__all__ = ["CSV_COLUMNS", "csv_columns", "budget_labels", "table_rows", "to_markdown", "to_csv",
+__all__ = ["REPORT_STEM", "CSV_COLUMNS", "csv_columns", "budget_labels", "table_rows", "to_markdown", "to_csv",
            "group_index_map", "plot_clicking_groups", "write_tables"]
 
+REPORT_STEM = "rclicks"  # the report's table files: rclicks.md / rclicks.csv
 CSV_COLUMNS = (
     "dataset", "instances",
     "noc_sample", "noc_sample_std", "noc_base", "noc_delta_sb_pct", "noc_delta_gr_pct", "noc_delta_hh_pct",
@@ -143,11 +144,12 @@ def to_csv(benchmarks: Mapping[str, DatasetBenchmark]) -> str:
     return out.getvalue()
 
 
-def write_tables(benchmarks: Mapping[str, DatasetBenchmark], out_dir) -> list[pathlib.Path]:
-    """Writes ``rclicks_noc.md`` and ``rclicks_noc.csv`` into ``out_dir``; returns their paths."""
+def write_tables(benchmarks: Mapping[str, DatasetBenchmark], out_dir, stem: str = REPORT_STEM) -> list[pathlib.Path]:
+    """Writes ``<stem>.md`` and ``<stem>.csv`` into ``out_dir`` (the report's ``rclicks.md`` / ``.csv``; the
+    command writes the same table as the run directory's ``summary.md`` / ``.csv``); returns their paths."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return list(write_table_files(out_dir, "rclicks_noc", to_markdown(benchmarks), to_csv(benchmarks)).values())
+    return list(write_table_files(out_dir, stem, to_markdown(benchmarks), to_csv(benchmarks)).values())
 
 
 def group_index_map(clickability, num_groups: int = 10) -> np.ndarray:

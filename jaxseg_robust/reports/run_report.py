@@ -14,9 +14,9 @@
            (records that carry a ``source``, `jaxseg_robust.reports.sources`)
            and, where the run directory holds them, each attack's predicted
            mask with its box (`jaxseg_robust.reports.artifacts`);
-  rclicks  `jaxseg_robust.reports.rclicks.write_tables` (NoC20@90 table; the NoC
+  rclicks  `jaxseg_robust.reports.rclicks.write_tables` (``rclicks.md`` / ``.csv``: the NoC20@90 table; the NoC
            target is the benchmark's 0.9: the run does not record ``--target-iou``)
-           and ``ious.csv`` (IoU per instance, clicker (base, G1..) and click; no BIoU);
+           and ``ious.csv`` (IoU and BIoU per instance, clicker (base, G1..) and click);
   perturb  `jaxseg_robust.reports.perturb.write_report` when that module is
            installed (skipped with a note otherwise).
 
@@ -148,22 +148,26 @@ RCLICKS_CLICK_CSV = "ious.csv"
 
 
 def rclicks_click_rows(records):
-    """``(dataset, id, clicker, click, x, y, label, iou, "")`` per ok RClicks record: ``base`` and groups
-    ``G1``.. (no BIoU); ``x, y, label`` from ``base_clicks`` / ``group_clicks`` (``""`` when not recorded)."""
+    """``(dataset, id, clicker, click, x, y, label, iou, biou)`` per ok RClicks record: ``base`` and groups
+    ``G1``..; ``x, y, label`` from ``base_clicks`` / ``group_clicks`` (``""`` when not recorded); BIoU
+    ``""`` (an empty cell) for records written before RClicks recorded ``base_biou`` / ``group_biou``.
+    """
     for record in records:
         if record.get("status") != "ok":
             continue
         payload = record.get("payload") or {}
         curves = []
         if payload.get("base_iou") is not None:
-            curves.append(("base", payload["base_iou"], payload.get("base_clicks")))
+            curves.append(("base", payload["base_iou"], payload.get("base_biou"), payload.get("base_clicks")))
+        group_ious = payload.get("group_iou") or []
+        group_bious = payload.get("group_biou") or [None] * len(group_ious)
         group_clicks = payload.get("group_clicks") or []
-        curves += [(f"G{index}", curve, group_clicks[index - 1] if index <= len(group_clicks) else None)
-                   for index, curve in enumerate(payload.get("group_iou") or [], start=1)]
-        for clicker, curve, clicks in curves:
-            for click, iou in enumerate(curve, start=1):
+        curves += [(f"G{index}", curve, bious, group_clicks[index - 1] if index <= len(group_clicks) else None)
+                   for index, (curve, bious) in enumerate(zip(group_ious, group_bious), start=1)]
+        for clicker, curve, bious, clicks in curves:
+            for click, (iou, biou) in enumerate(zip(curve, bious or [""] * len(curve)), start=1):
                 x, y, label = clicks[click - 1] if clicks is not None else ("", "", "")
-                yield record["dataset"], record["id"], clicker, click, x, y, label, iou, ""
+                yield record["dataset"], record["id"], clicker, click, x, y, label, iou, biou
 
 
 def write_rclicks_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
@@ -184,7 +188,7 @@ def write_rclicks_report(run_dir, out_dir) -> dict[str, pathlib.Path]:
     parts = ["# RClicks", ""]
     if benchmarks:
         markdown_path, csv_path = rclicks.write_tables(benchmarks, out)
-        paths.update(rclicks_md=markdown_path, rclicks_csv=csv_path)
+        paths.update(rclicks_md=markdown_path, rclicks_csv=csv_path)  # rclicks.md / rclicks.csv
         parts += [rclicks.to_markdown(benchmarks), ""]
     else:
         parts += ["(no instance evaluated)", ""]

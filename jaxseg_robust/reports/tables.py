@@ -179,8 +179,8 @@ def click_csv_text(rows: Iterable[tuple]) -> str:
       rows: ``(dataset, id, trajectory, click (1-based), x, y, label, iou, biou)``; ``x, y`` the click
         in original-image pixels (docs/ARCHITECTURE.md, "Clicks in records"), ``label`` 1 positive /
         0 negative (``""`` for all three when the record holds no clicks); iou / biou a float, NaN or
-        None (JSON null: undefined, e.g. an empty union) or, for biou, ``""`` when the protocol
-        does not compute it (RClicks).
+        None (JSON null: undefined, e.g. an empty union) or, for biou, ``""`` when the record holds
+        none (RClicks runs written before it recorded BIoU).
 
     Returns:
       CSV text with header `CLICK_CSV_HEADER`; floats at full precision (``repr``), undefined as ``nan``.

@@ -17,11 +17,15 @@ Columns (docs/protocols/tetris.md §3.5; `reports.tetris_scores.trajectory_score
                                   NoC equals the maximum), from the baseline;
                                   a ``target_iou`` T (``--target-iou``) not among
                                   them adds noc<T> / nof<T> (e.g. noc95, nof95);
-  sec_instance / sec_click        seconds of the jitted protocol per instance and
-                                  per click (RITM's SPC: total seconds / total
-                                  clicks of all trajectories), from the run's
-                                  timings (`jaxseg_robust.reports.artifacts`;
-                                  compile time excluded); only when recorded.
+  sec_instance / sec_click        device seconds of the jitted protocol per
+                                  instance and per click (RITM's SPC: total seconds
+                                  / total clicks of all trajectories): the batch's
+                                  jitted call until ``block_until_ready``, divided
+                                  over its instances (the timings' ``seconds``,
+                                  `jaxseg_robust.reports.artifacts`; host
+                                  preparation and compile time excluded: the
+                                  wall time is in the seconds table every
+                                  protocol's summary adds); only when recorded.
 K = min(10, clicks of the run). NaN (an empty union outside the ignore band)
 propagates into the AuC as in the reference (``np.mean``). With several
 datasets a ``mean`` row averages the dataset rows (counts summed). Values
@@ -79,8 +83,8 @@ BASE_COLUMNS = ("iou_base", "biou_base")
 TIMING_COLUMNS = ("sec_instance", "sec_click")
 HEADERS = {"iou_min": "IoU-AuC Min", "iou_max": "IoU-AuC Max", "iou_delta": "IoU-AuC Δ",
            "biou_min": "BIoU-AuC Min", "biou_max": "BIoU-AuC Max", "biou_delta": "BIoU-AuC Δ",
-           "iou_base": "IoU-AuC Base", "biou_base": "BIoU-AuC Base", "sec_instance": "s/instance",
-           "sec_click": "s/click"}
+           "iou_base": "IoU-AuC Base", "biou_base": "BIoU-AuC Base", "sec_instance": "device s/instance",
+           "sec_click": "device s/click"}
 
 
 def threshold_label(threshold: float) -> str:
@@ -200,7 +204,7 @@ def table_thresholds(target_iou: float | None) -> tuple[tuple[float, ...], tuple
 
 
 def _timing_values(records: Sequence[Mapping], timings: Mapping) -> dict[str, float]:
-    """sec_instance (mean seconds of the timed ok records) and sec_click (their seconds / their clicks)."""
+    """sec_instance (mean device seconds of the timed ok records) and sec_click (their seconds / their clicks)."""
     entries = [timings[(r["dataset"], r["id"])] for r in records if (r["dataset"], r["id"]) in timings]
     if not entries:
         return {"sec_instance": math.nan, "sec_click": math.nan}
@@ -274,8 +278,8 @@ def to_markdown(table: TetrisTable) -> str:
     if "baseline" in table.trajectories:
         note += f"; NoC / NoF over {table.noc_clicks} baseline clicks (no early stop)"
     if table.timed:
-        note += ("; seconds of the jitted protocol per instance and per click (all trajectories' clicks), "
-                 "compile time excluded")
+        note += ("; device seconds of the jitted protocol per instance and per click (all trajectories' clicks), "
+                 "host preparation and compile time excluded")
     return markdown_table(headers, cells) + note
 
 

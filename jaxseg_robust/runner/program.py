@@ -46,7 +46,39 @@ import numpy as np
 from jaxseg_robust.metrics.masks import boundary_widths
 from jaxseg_robust.models.base import Transform, check_segmenter
 
-TIMING_KEY = "_timing"  # optional output: {"batch_seconds", "batch_instances"} [B] (see `BatchProgram`)
+TIMING_KEY = "_timing"  # optional output: {"batch_seconds", "batch_wall_seconds", "batch_instances"} [B]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileEvent:
+    """One compile of a bucket's program (its seconds are in no per-instance time).
+
+    Attributes:
+      program: what was compiled (the announcement's description, e.g. "TETRIS program (minmax)").
+      frame: (Hf, Wf) the bucket frame in pixels; batch: B, the batch size it was compiled for.
+      seconds: wall seconds of ``lower(...).compile()``.
+    """
+
+    program: str
+    frame: tuple[int, int]
+    batch: int
+    seconds: float
+
+
+class CompileLog:
+    """Compile events in the order they happened, until a run directory writer takes them (`drain`)."""
+
+    def __init__(self):
+        self.pending: list[CompileEvent] = []
+
+    def add(self, event: CompileEvent) -> None:
+        """Keeps ``event`` until the next `drain`."""
+        self.pending.append(event)
+
+    def drain(self) -> list[CompileEvent]:
+        """The events added since the last call (and forgets them)."""
+        events, self.pending = self.pending, []
+        return events
 
 
 class RetraceError(RuntimeError):
@@ -202,12 +234,14 @@ class DeviceProgram:
 
     Attributes:
       traces: how many times the program was traced (one per bucket and placement).
+      last_compile: the `CompileEvent` of the last `compiled` call, None when it found the program compiled.
     """
 
     def __init__(self, segmenter, protocol):
         self.segmenter = segmenter
         self.protocol = protocol
         self.traces = 0
+        self.last_compile: CompileEvent | None = None
         self.jitted = jax.jit(self._run)
         self._compiled: dict = {}
         self._buckets: dict = {}
@@ -230,6 +264,7 @@ class DeviceProgram:
         """
         key = _signature(args)
         program = self._compiled.get(key)
+        self.last_compile = None
         if program is not None:
             return program
         bucket = _bucket(args)
@@ -239,17 +274,32 @@ class DeviceProgram:
             raise RetraceError(f"the {self.protocol.name} program of bucket {bucket[0]} was compiled twice: "
                                f"the per-batch arguments changed (leaves {changed}); host inputs must have one "
                                "shape per bucket")
+        batch, frame_h, frame_w = bucket[0]
+        what = description or f"{self.protocol.name} program"
         if announce is not None:
-            _, frame_h, frame_w = bucket[0]
-            what = description or f"{self.protocol.name} program"
-            announce(f"compiling the {what} for bucket {frame_h}x{frame_w}, batch {bucket[0][0]} (first batch) ...")
+            announce(f"compiling the {what} for bucket {frame_h}x{frame_w}, batch {batch} (first batch) ...")
         before = self.traces
+        start = time.perf_counter()
         program = self._compiled[key] = self.jitted.lower(*args).compile()
+        self.last_compile = CompileEvent(what, (int(frame_h), int(frame_w)), int(batch), time.perf_counter() - start)
         if self.traces != before + 1:
             raise RetraceError(f"the {self.protocol.name} program was traced {self.traces - before} times "
                                "for one signature")
         self._buckets[bucket] = key
         return program
+
+
+def batch_timing(valid, device_seconds: float, wall_seconds: float) -> dict:
+    """The ``TIMING_KEY`` output of a batch: each field [B] (the batch's numbers, repeated per slot).
+
+    Args:
+      valid: bool[B] the real instances of the batch.
+      device_seconds, wall_seconds: the batch's device and wall seconds, compile excluded (`BatchProgram`).
+    """
+    valid = np.asarray(valid, bool)
+    return {"batch_seconds": np.full(valid.shape, device_seconds, np.float64),
+            "batch_wall_seconds": np.full(valid.shape, wall_seconds, np.float64),
+            "batch_instances": np.full(valid.shape, int(valid.sum()), np.int64)}
 
 
 @functools.lru_cache(maxsize=32)
@@ -268,9 +318,13 @@ class BatchProgram:
       announce: ``text -> None`` told before a bucket's program is compiled (None: silent).
       description: what the announcement calls the program (default: the protocol's
         ``description``, else "<name> program").
-      timed: also output ``TIMING_KEY``: ``{"batch_seconds", "batch_instances"}`` [B] (host wall
-        time of the compiled call, compile excluded; real instances in the batch).
-      last_seconds: wall time of the last compiled call.
+      timed: also output ``TIMING_KEY`` [B]: ``batch_seconds`` (device time: the compiled call until
+        ``block_until_ready``), ``batch_wall_seconds`` (the whole call: host preparation from the
+        `PaddedBatch` (crop, ``preprocess``, host inputs, band widths, placement) and the compiled call;
+        loading the images before and writing records after are not in it) and ``batch_instances``
+        (real instances in the batch). Compile time is in neither (`compile_log`).
+      last_seconds: device seconds of the last compiled call.
+      compile_log: a `CompileLog` of the buckets this object compiled (one `CompileEvent` each).
     """
 
     def __init__(self, segmenter, params, protocol, *, aux_params=None, announce=None, description=None,
@@ -284,7 +338,13 @@ class BatchProgram:
         self.description = description or getattr(protocol, "description", None)
         self.timed = timed
         self.last_seconds = math.nan
+        self.compile_log = CompileLog()
         self._device = device_program(segmenter, protocol)
+
+    def with_timing(self) -> "BatchProgram":
+        """The same program (same protocol, model and compile cache) with ``timed=True``."""
+        return BatchProgram(self.segmenter, self.params, self.protocol, aux_params=self.aux_params,
+                            announce=self.announce, description=self.description, timed=True)
 
     @property
     def traces(self) -> int:
@@ -298,19 +358,25 @@ class BatchProgram:
 
     def __call__(self, batch) -> dict:
         """Runs the protocol on a `PaddedBatch`: host preparation, then one compiled call."""
+        begin = time.perf_counter()
         args = (self.params, self.aux_params, *host_arguments(self.segmenter, self.protocol, batch))
         program = self._device.compiled(args, self.announce, self.description)
+        compile_seconds = 0.0
+        if self._device.last_compile is not None:
+            self.compile_log.add(self._device.last_compile)
+            compile_seconds = self._device.last_compile.seconds
         start = time.perf_counter()
         outputs = dict(jax.block_until_ready(program(*args)))
-        self.last_seconds = time.perf_counter() - start
+        end = time.perf_counter()
+        self.last_seconds = end - start
         size = int(np.shape(batch.gt)[0])
         chex.assert_tree_shape_prefix(outputs, (size,))
         if self.timed:
-            valid = np.asarray(batch.instance_valid, bool)
-            outputs[TIMING_KEY] = {"batch_seconds": np.full(valid.shape, self.last_seconds, np.float64),
-                                   "batch_instances": np.full(valid.shape, int(valid.sum()), np.int64)}
+            outputs[TIMING_KEY] = batch_timing(np.asarray(batch.instance_valid, bool), self.last_seconds,
+                                               end - begin - compile_seconds)
         return outputs
 
 
-__all__ = ["TIMING_KEY", "RetraceError", "InstanceInputs", "HostSlot", "BatchProtocol", "check_batch",
+__all__ = ["TIMING_KEY", "CompileEvent", "CompileLog", "batch_timing", "RetraceError", "InstanceInputs", "HostSlot",
+           "BatchProtocol", "check_batch",
            "stack_trees", "place_like", "host_arguments", "DeviceProgram", "device_program", "BatchProgram"]

@@ -1,0 +1,147 @@
+"""Seconds per instance (device and wall) and compile seconds of a run, for every protocol's summary table.
+
+Reads the side files of `jaxseg_robust.reports.artifacts` (``timings*.jsonl``,
+``compile.jsonl``) and adds to a protocol's per-dataset table:
+
+  sec_device    mean device seconds per instance of the dataset: the jitted batch
+                call until ``block_until_ready``, divided over the batch's instances;
+  sec_wall      mean wall seconds per instance: the batch's host preparation and
+                that call, divided the same way (`jaxseg_robust.runner.program.BatchProgram`);
+  compile_sec   the run directory's total compile seconds (every bucket program of
+                every session; in no per-instance time), the same in every row.
+
+The ``mean`` row of a table with several datasets averages the dataset rows, as
+the tables' other columns do. The Markdown gets a small table of its own under
+the protocol's table plus one line with the compile total; the CSV gets the three
+columns (full precision; NaN where a dataset has no timed instance). Pure
+functions of the read entries, except `add_timing`, which reads the run directory.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+from collections.abc import Callable, Iterable, Mapping
+
+from jaxseg_robust.reports.tables import MEAN_ROW, markdown_table, nanmean
+
+TIMING_CSV_COLUMNS = ("sec_device", "sec_wall", "compile_sec")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSeconds:
+    """One dataset's seconds per instance.
+
+    Attributes:
+      dataset: the dataset's name (or ``"mean"``).
+      timed: instances with a timing line.
+      device, wall: mean device / wall seconds per instance (NaN when none, or a line without wall time).
+    """
+
+    dataset: str
+    timed: int
+    device: float
+    wall: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileTotal:
+    """The compile lines of a run directory: how many bucket programs were compiled, and their seconds."""
+
+    programs: int
+    seconds: float
+
+
+def dataset_seconds(timings: Mapping[tuple[str, str], Mapping], datasets: Iterable[str]) -> list[DatasetSeconds]:
+    """`DatasetSeconds` of each of ``datasets`` (in order) from `artifacts.read_timings` entries.
+
+    A ``"mean"`` among ``datasets`` averages the rows of the other datasets.
+    """
+    rows = []
+    for name in datasets:
+        if name == MEAN_ROW:
+            continue
+        entries = [entry for (dataset, _), entry in timings.items() if dataset == name]
+        rows.append(DatasetSeconds(name, len(entries), nanmean(float(e["seconds"]) for e in entries),
+                                   nanmean(float(e.get("wall_seconds", math.nan)) for e in entries)))
+    if MEAN_ROW in datasets:
+        rows.append(DatasetSeconds(MEAN_ROW, sum(r.timed for r in rows), nanmean(r.device for r in rows),
+                                   nanmean(r.wall for r in rows)))
+    return rows
+
+
+def compile_total(events: Iterable[Mapping]) -> CompileTotal:
+    """`CompileTotal` of `artifacts.read_compile_events` lines."""
+    seconds = [float(event["seconds"]) for event in events]
+    return CompileTotal(len(seconds), float(sum(seconds)))
+
+
+def _seconds_text(value: float) -> str:
+    return "–" if not math.isfinite(value) else f"{value:.3g}"
+
+
+def timing_markdown(rows: Iterable[DatasetSeconds], compiled: CompileTotal) -> str:
+    """The seconds table (s/instance device, s/instance wall per dataset) and the compile line."""
+    table = markdown_table(("dataset", "timed", "s/instance device", "s/instance wall"),
+                           ([r.dataset, str(r.timed), _seconds_text(r.device), _seconds_text(r.wall)] for r in rows))
+    return (f"{table}\n\ncompile: {compiled.seconds:.1f} s for {compiled.programs} bucket program(s), in no "
+            "per-instance time (device: the jitted batch call; wall: with the batch's host preparation)")
+
+
+def _with_columns(csv_text: str, seconds_of: Callable[[dict], DatasetSeconds | None],
+                  compiled: CompileTotal) -> str:
+    """``csv_text`` with `TIMING_CSV_COLUMNS` after its own: ``seconds_of(row)`` (None: NaN) and the compile total."""
+    reader = csv.DictReader(io.StringIO(csv_text))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=[*(reader.fieldnames or ()), *TIMING_CSV_COLUMNS], lineterminator="\n")
+    writer.writeheader()
+    for line in reader:
+        row = seconds_of(line)
+        writer.writerow({**line, "sec_device": repr(math.nan if row is None else row.device),
+                         "sec_wall": repr(math.nan if row is None else row.wall),
+                         "compile_sec": repr(compiled.seconds)})
+    return out.getvalue()
+
+
+def csv_with_timing(csv_text: str, rows: Iterable[DatasetSeconds], compiled: CompileTotal) -> str:
+    """``csv_text`` (a table whose first column is ``dataset``) with `TIMING_CSV_COLUMNS` added to every row.
+
+    Raises:
+      ValueError: the table has no ``dataset`` column.
+    """
+    by_name = {row.dataset: row for row in rows}
+    fields = next(csv.reader(io.StringIO(csv_text)), [])
+    if "dataset" not in fields:
+        raise ValueError(f"a summary CSV needs a dataset column; got {fields}")
+    return _with_columns(csv_text, lambda line: by_name.get(line["dataset"]), compiled)
+
+
+def add_timing(run_dir, markdown: str, csv_text: str) -> tuple[str, str]:
+    """(Markdown, CSV) of a protocol's summary table with the run directory's seconds added (module docstring)."""
+    from jaxseg_robust.reports.artifacts import read_compile_events, read_timings  # noqa: PLC0415
+
+    datasets = [line["dataset"] for line in csv.DictReader(io.StringIO(csv_text))]
+    rows = dataset_seconds(read_timings(run_dir), datasets)
+    compiled = compile_total(read_compile_events(run_dir))
+    return f"{markdown}\n\n{timing_markdown(rows, compiled)}", csv_with_timing(csv_text, rows, compiled)
+
+
+def add_run_timing(run_dir, markdown: str, csv_text: str) -> tuple[str, str]:
+    """As `add_timing` for a table without a dataset column (perturb: one row per attack): the seconds table
+    lists the timed datasets (and their ``mean`` with several), and every CSV row gets the run's
+    seconds (that mean, or the one dataset's) and the compile total."""
+    from jaxseg_robust.reports.artifacts import read_compile_events, read_timings  # noqa: PLC0415
+
+    timings = read_timings(run_dir)
+    datasets = list(dict.fromkeys(dataset for dataset, _ in timings))
+    rows = dataset_seconds(timings, datasets + ([MEAN_ROW] if len(datasets) > 1 else []))
+    compiled = compile_total(read_compile_events(run_dir))
+    overall = rows[-1] if rows else None
+    return (f"{markdown}\n\n{timing_markdown(rows, compiled)}",
+            _with_columns(csv_text, lambda line: overall, compiled))
+
+
+__all__ = ["TIMING_CSV_COLUMNS", "DatasetSeconds", "CompileTotal", "dataset_seconds", "compile_total",
+           "timing_markdown", "csv_with_timing", "add_timing", "add_run_timing"]

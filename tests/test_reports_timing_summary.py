@@ -1,0 +1,55 @@
+"""Seconds per instance (device, wall) and the compile total added to a protocol's summary table."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+
+import pytest
+
+from jaxseg_robust.reports import artifacts
+from jaxseg_robust.reports.timing_summary import (
+    CompileTotal,
+    add_timing,
+    compile_total,
+    csv_with_timing,
+    dataset_seconds,
+    timing_markdown,
+)
+from jaxseg_robust.runner.program import CompileEvent
+
+TIMINGS = {("A", "1"): {"seconds": 1.0, "wall_seconds": 2.0}, ("A", "2"): {"seconds": 3.0, "wall_seconds": 4.0},
+           ("B", "1"): {"seconds": 5.0}}  # a line written before wall times were recorded
+
+
+def test_dataset_means_and_the_mean_row():
+    rows = dataset_seconds(TIMINGS, ["A", "B", "C", "mean"])
+    assert [(r.dataset, r.timed, r.device) for r in rows] == [("A", 2, 2.0), ("B", 1, 5.0), ("C", 0, rows[2].device),
+                                                               ("mean", 3, 3.5)]
+    assert rows[0].wall == 3.0 and math.isnan(rows[1].wall) and math.isnan(rows[2].device)
+    assert rows[3].wall == 3.0  # the mean of the dataset rows that have one
+    assert compile_total([{"seconds": 1.25}, {"seconds": 2.0}]) == CompileTotal(2, 3.25)
+
+
+def test_csv_gets_three_columns_by_dataset_and_markdown_a_table_and_the_compile_line():
+    rows = dataset_seconds(TIMINGS, ["A", "B", "mean"])
+    table = "dataset,ok,iou\nA,2,0.5\nB,1,0.25\nmean,3,0.375\n"
+    parsed = list(csv.DictReader(io.StringIO(csv_with_timing(table, rows, CompileTotal(2, 3.25)))))
+    assert [r["iou"] for r in parsed] == ["0.5", "0.25", "0.375"]  # the table's own columns unchanged
+    assert [float(r["sec_device"]) for r in parsed] == [2.0, 5.0, 3.5]
+    assert parsed[0]["sec_wall"] == "3.0" and parsed[1]["sec_wall"] == "nan"
+    assert {r["compile_sec"] for r in parsed} == {"3.25"}
+    markdown = timing_markdown(rows, CompileTotal(2, 3.25))
+    assert "| A | 2 | 2 | 3 |" in markdown and "| B | 1 | 5 | – |" in markdown
+    assert "compile: 3.2 s for 2 bucket program(s)" in markdown
+    with pytest.raises(ValueError, match="dataset column"):
+        csv_with_timing("name,iou\nA,0.5\n", rows, CompileTotal(0, 0.0))
+
+
+def test_add_timing_reads_the_run_directory(tmp_path):
+    artifacts.append_timing(tmp_path, artifacts.timing_line(("A", "1"), 0.5, 1, 0, 0.75))
+    artifacts.append_compile_events(tmp_path, [CompileEvent("p", (8, 8), 1, 2.0)])
+    markdown, csv_text = add_timing(tmp_path, "| dataset |\n|---|\n| A |", "dataset\nA\n")
+    assert markdown.startswith("| dataset |\n|---|\n| A |\n\n| dataset | timed | s/instance device |")
+    assert csv_text == "dataset,sec_device,sec_wall,compile_sec\nA,0.5,0.75,2.0\n"
