@@ -356,3 +356,44 @@ def test_tetris_report_draws_the_hardest_instance_with_its_clicks_and_gt(folder,
     np.testing.assert_array_equal(np.asarray(offsets), [[30.0, 5.0], [8.0, 20.0]])
     assert len(_drawn_gt(axes)) == 1
     _close(figure)
+
+
+def test_rclicks_report_draws_the_hardest_instance_s_iou_per_round(folder, tmp_path):
+    from jaxseg_robust.data.instances import make_instance
+    from jaxseg_robust.reports.rclicks import instance_curves
+    from jaxseg_robust.runner.engine import run
+
+    instances = [make_instance(name, np.array(read_image_rgb(folder / "images" / f"{name}.png")),
+                               _gt_of(folder, name).astype(np.int8), dataset="toy") for name in GOOD]
+    level = {int(_gt_of(folder, name).sum()): value for name, value in zip(GOOD, (0.7, 0.9, 0.4))}
+
+    def batch(padded):
+        areas = (np.asarray(padded.gt) == 1).sum(axis=(1, 2))
+        scale = np.array([level.get(int(area), 0.5) for area in areas], np.float32)
+        curve = np.linspace(0.5, 1.0, 4, dtype=np.float32)
+        groups = np.stack([curve * 0.8, curve, curve * 0.9])
+        return {"base_iou": scale[:, None] * curve, "group_iou": scale[:, None, None] * groups}
+
+    out = tmp_path / "rclicks"
+    summary = run(instances, batch, out, 4, config={"protocol": "rclicks", "settings": {"num_rounds": 4}},
+                  progress="none")
+    assert summary.ok == 3
+    paths = run_report.write_run_report(out, tmp_path / "report", plot_instances=PlotInstances("worst", 1))
+    assert sorted(name for name in paths if name.startswith("curves_")) == ["curves_toy_a2"]
+    assert_png(paths["curves_toy_a2"])
+    assert "worst 1 (the lowest mean IoU of the simulated users first)" in paths["report"].read_text()
+    record = json.loads((out / "records.jsonl").read_text().splitlines()[2])
+    curves = instance_curves(record["payload"])
+    groups = np.array(record["payload"]["group_iou"], np.float64)
+    np.testing.assert_allclose(curves["worst group"], groups.min(axis=0))
+    np.testing.assert_allclose(curves["mean of groups"], groups.mean(axis=0))
+    np.testing.assert_allclose(curves["best group"], groups.max(axis=0))
+    np.testing.assert_allclose(curves["baseline"], record["payload"]["base_iou"])
+
+
+def test_report_lines_say_what_each_figure_shows(tmp_path):
+    lines = figures.figure_links("a0", {"clicks_toy_a0": tmp_path / "clicks_toy_a0.png",
+                                        "masks_toy_a0": tmp_path / "masks_toy_a0.png",
+                                        "corners_toy_a0": tmp_path / "corners_toy_a0.png"})
+    assert lines == ["![a0](clicks_toy_a0.png)", "", "![a0 predicted masks](masks_toy_a0.png)", "",
+                     "![a0 corners](corners_toy_a0.png)", ""]

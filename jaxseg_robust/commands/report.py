@@ -4,7 +4,10 @@ The protocol is read from the run's manifest and dispatched by
 `jaxseg_robust.reports.run_report` (tetris, grid, breps, rclicks, perturb); a
 folder of run directories (``jaxseg-robust demo``) gets one report per sub-run
 and an index. Nothing is recomputed: the report reads the records (and the
-grid's heatmap files); image plots re-read each instance's image file.
+grid's heatmap files); image plots re-read each instance's image file and
+outline the GT the record holds. ``--plot-instances worst N | first N``
+(default worst 4) chooses the instances drawn per dataset (each protocol's
+"worst" is in the epilog and docs/ARCHITECTURE.md, "Figures").
 Exit codes: 0 written, 2 not a run directory / unknown protocol / unreadable records.
 """
 

@@ -80,6 +80,19 @@ def data_range(values) -> tuple[float, float]:
     return low, high
 
 
+FIGURE_ALT_TEXT = {"masks": "predicted masks", "corners": "corners"}  # figure name prefix -> what it shows
+
+
+def figure_links(record_id: str, figures: Mapping[str, pathlib.Path]) -> list[str]:
+    """``report.md`` lines of one instance's figures (name -> path, names like ``masks_<stem>``):
+    ``![<id> <what>](<file>)`` and a blank line each; the alt text says what a figure shows."""
+    lines = []
+    for name, path in figures.items():
+        what = FIGURE_ALT_TEXT.get(name.split("_", 1)[0])
+        lines += [f"![{record_id} {what}]({path.name})" if what else f"![{record_id}]({path.name})", ""]
+    return lines
+
+
 def _pyplot():
     import matplotlib  # noqa: PLC0415
 
@@ -330,5 +343,5 @@ def plot_prompts(image, path, **options) -> pathlib.Path:
 
 
 __all__ = ["DPI", "FIGURE_INCHES", "FIGURE_PX", "GT_OUTLINE_GID", "DrawnBox", "record_clicks_xy", "record_point_xy",
-           "data_range", "save_figure", "draw_gt_outline", "plot_curves", "heatmap_figure", "plot_heatmap",
-           "prompts_figure", "plot_prompts"]
+           "data_range", "figure_links", "save_figure", "draw_gt_outline", "plot_curves", "heatmap_figure",
+           "plot_heatmap", "prompts_figure", "plot_prompts"]

@@ -242,6 +242,7 @@ def write_report(run_dir, out_dir=None, *, plot_instances=None, kind: str | None
         whose heatmaps are drawn (default the worst 4 by `grid_hardness`).
       kind: "click" / "box" (default: the manifest's).
     """
+    from jaxseg_robust.reports.figures import figure_links  # noqa: PLC0415
     from jaxseg_robust.reports.plot_selection import DEFAULT_PLOT_INSTANCES, instances_to_plot  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
 
@@ -260,7 +261,7 @@ def write_report(run_dir, out_dir=None, *, plot_instances=None, kind: str | None
                                         lambda r: load_heatmaps(run_dir, r["payload"]), missing):
         figures = _instance_figures(record, maps, kind, out)
         paths.update(figures)
-        parts += [line for path in figures.values() for line in (f"![{record['id']}]({path.name})", "")]
+        parts += figure_links(record["id"], figures)
     if missing:
         parts += ["Heatmap files missing for: " + ", ".join(missing), ""]
     return write_report_page(out, parts, records, paths)

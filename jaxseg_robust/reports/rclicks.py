@@ -187,7 +187,7 @@ def plot_clicking_groups(image, gt, group_map, path, *, title: str = "", clicks=
 
     Args:
       image: uint8[H, W, 3] RGB.
-      gt: bool[H, W] object mask (outlined).
+      gt: bool[H, W] object mask (outlined thin and white, `figures.draw_gt_outline`).
       group_map: int[H, W] from `group_index_map` (-1 = not coloured).
       path: output PNG path.
       title: figure title.
@@ -201,6 +201,8 @@ def plot_clicking_groups(image, gt, group_map, path, *, title: str = "", clicks=
     import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib import colors  # noqa: PLC0415
 
+    from jaxseg_robust.reports.figures import draw_gt_outline  # noqa: PLC0415
+
     image = np.asarray(image)
     group_map = np.asarray(group_map)
     if image.ndim != 3 or group_map.shape != image.shape[:2] or np.shape(gt) != image.shape[:2]:
@@ -213,7 +215,7 @@ def plot_clicking_groups(image, gt, group_map, path, *, title: str = "", clicks=
     shown = np.ma.masked_less(group_map, 0)
     norm = colors.BoundaryNorm(np.arange(-0.5, num_groups + 0.5), cmap.N)
     handle = ax.imshow(shown, cmap=cmap, norm=norm, alpha=0.75, interpolation="nearest")
-    ax.contour(np.asarray(gt, float), levels=[0.5], colors="white", linewidths=0.8)
+    draw_gt_outline(ax, gt)
     if clicks is not None and len(clicks):
         clicks = np.asarray(clicks)
         ax.scatter(clicks[:, 0], clicks[:, 1], s=18, c="white", edgecolors="black", linewidths=0.6)

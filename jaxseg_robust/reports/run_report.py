@@ -90,6 +90,7 @@ def sub_runs(directory) -> list[pathlib.Path]:
 
 ATTACK_COLOURS = {"min": "tab:red", "max": "tab:green"}
 CLIPPED_NOTE = "thin dashed: the reference's clipped copy (box_clipped), not evaluated"
+NOT_EVALUATED = "(not evaluated)"  # ends the legend label of a drawn box_clipped
 
 
 def _attack_parts(payload, mode: str) -> dict:
@@ -117,8 +118,8 @@ def breps_boxes(payload, mode: str) -> list:
         colour = ATTACK_COLOURS[attack]
         boxes.append(DrawnBox(f"{attack} box{_iou_label(part.get('iou'))}", part["box"], colour))
         clipped = part.get("box_clipped")
-        if clipped is not None and not np.allclose(np.asarray(clipped, np.float64), np.asarray(part["box"], np.float64)):
-            boxes.append(DrawnBox(f"{attack} box_clipped (not evaluated)", clipped, colour, "--", 0.8))
+        if clipped is not None and not np.allclose(np.asarray(clipped, float), np.asarray(part["box"], float)):
+            boxes.append(DrawnBox(f"{attack} box_clipped {NOT_EVALUATED}", clipped, colour, "--", 0.8))
     return boxes
 
 
@@ -127,7 +128,7 @@ def breps_box_figure(record, image, gt, mode: str):
     from jaxseg_robust.reports.figures import prompts_figure  # noqa: PLC0415
 
     boxes = breps_boxes(record["payload"], mode)
-    note = f"\n{CLIPPED_NOTE}" if any(b.label.endswith("(not evaluated)") for b in boxes) else ""
+    note = f"\n{CLIPPED_NOTE}" if any(b.label.endswith(NOT_EVALUATED) for b in boxes) else ""
     title = f"{record['dataset']}/{record['id']}: tight and adversarial boxes (as evaluated){note}"
     return prompts_figure(image, boxes=boxes, gt=gt, title=title)
 
@@ -141,7 +142,7 @@ def _breps_mask_panels(run_dir, record, image, mode: str) -> list:
     for attack, part in _attack_parts(record["payload"], mode).items():
         mask = read_mask(run_dir, (record["dataset"], record["id"]), attack, image.shape[:2])
         if mask is not None:
-            panels.append(MaskPanel(f"{attack}:{_iou_label(part.get('iou'))}", mask, attack, box=part.get("box")))
+            panels.append(MaskPanel(f"{attack}{_iou_label(part.get('iou'))}", mask, attack, box=part.get("box")))
     return panels
 
 
@@ -174,6 +175,7 @@ def write_breps_report(run_dir, out_dir, *, plot_instances=None) -> dict[str, pa
     """BREPS tables (`reports.breps`) and, for the attack modes, adversarial boxes and their masks over the image
     for the instances ``plot_instances`` picks (default the worst 4 per dataset by `breps_hardness`)."""
     from jaxseg_robust.reports import breps  # noqa: PLC0415
+    from jaxseg_robust.reports.figures import figure_links  # noqa: PLC0415
     from jaxseg_robust.reports.plot_selection import DEFAULT_PLOT_INSTANCES, instances_to_plot  # noqa: PLC0415
     from jaxseg_robust.reports.sources import load_source_image  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
@@ -195,7 +197,7 @@ def write_breps_report(run_dir, out_dir, *, plot_instances=None) -> dict[str, pa
                                              unrecorded):
             figures = _breps_instance_figures(run_dir, record, image, mode, out)
             paths.update(figures)
-            parts += [line for path in figures.values() for line in (f"![{record['id']}]({path.name})", "")]
+            parts += figure_links(record["id"], figures)
         if unrecorded:
             parts += [f"{len(unrecorded)} instance(s) without a recorded image source: no box plot.", ""]
     return write_report_page(out, parts, records, paths)

@@ -409,7 +409,7 @@ def write_report(run_dir, out_dir=None, *, plot_instances=None) -> dict[str, pat
         whose clicks and masks are drawn (default worst 4 by `tetris_hardness`).
     """
     from jaxseg_robust.reports.artifacts import read_timings  # noqa: PLC0415
-    from jaxseg_robust.reports.figures import plot_curves  # noqa: PLC0415
+    from jaxseg_robust.reports.figures import figure_links, plot_curves  # noqa: PLC0415
     from jaxseg_robust.reports.plot_selection import DEFAULT_PLOT_INSTANCES, instances_to_plot  # noqa: PLC0415
 
     choice = plot_instances or DEFAULT_PLOT_INSTANCES
@@ -438,7 +438,7 @@ def write_report(run_dir, out_dir=None, *, plot_instances=None) -> dict[str, pat
             if figures:
                 drawn += 1
                 paths.update(figures)
-                parts += [*(f"![{record['id']}]({path.name})" for path in figures.values()), ""]
+                parts += figure_links(record["id"], figures)
     parts += [f"Per-instance, per-click IoU and BIoU: [{CLICK_CSV}]({CLICK_CSV}).", ""]
     return write_report_page(out, parts, records, paths)
 
