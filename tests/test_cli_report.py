@@ -37,8 +37,10 @@ def breps_batch(batch):
     half = lambda v: np.full((count,), v, np.float32)  # noqa: E731
     box = np.tile(np.array([[8.0, 6.0, 40.0, 34.0]], np.float32), (count, 1))
     return {"tight_box": box, "tight_iou": half(0.7), "tight_biou": half(0.5),
-            "min": {"iou": half(0.4), "biou": half(0.3), "box_clipped": box + np.float32([4, 2, -3, -5])},
-            "max": {"iou": half(0.8), "biou": half(0.6), "box_clipped": box - np.float32([2, 2, -1, -3])}}
+            "min": {"iou": half(0.4), "biou": half(0.3), "box": box + np.float32([4, 2, -3, -5]),
+                    "box_clipped": box + np.float32([4, 2, -3, -5])},
+            "max": {"iou": half(0.8), "biou": half(0.6), "box": box - np.float32([2, 2, -1, -3]),
+                    "box_clipped": box - np.float32([2, 2, -1, -3])}}
 
 
 def rclicks_batch(batch):

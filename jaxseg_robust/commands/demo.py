@@ -43,6 +43,7 @@ import sys
 
 from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK
 from jaxseg_robust.commands.flags import DEVICE_EPILOG, CommandError
+from jaxseg_robust.commands.report import add_plot_instances
 from jaxseg_robust.commands.running import report_error
 
 COMMAND = "demo"
@@ -126,6 +127,7 @@ def register(subparsers) -> None:
     parser.add_argument("--untrained-model", action="store_true",
                         help=f"use the random-weight test model {UNTRAINED_MODEL} instead of the demonstration "
                              "model (when its weights are not installed; the numbers are meaningless)")
+    add_plot_instances(parser)
     parser.add_argument("--progress", choices=("auto", "tqdm", "plain", "none"), default="auto",
                         help="progress display of the sub-runs (default %(default)s)")
     parser.set_defaults(func=run)
@@ -208,7 +210,7 @@ def run(args) -> int:
         codes[protocol] = int(sub_args.func(sub_args))
     _banner("report")
     try:
-        paths = write_run_report(out, out / "report")
+        paths = write_run_report(out, out / "report", plot_instances=args.plot_instances)
     except (ValueError, KeyError, OSError) as error:
         return report_error(COMMAND, f"report: {error}")
     report = paths["report"]

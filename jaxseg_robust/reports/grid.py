@@ -17,12 +17,15 @@ default, multimask + the model's selection with ``--multimask``): Markdown
 Values are fractions in rows / CSV and x100 in Markdown; a ``mean`` row
 averages the dataset rows when there are several.
 
-`write_report` writes ``grid.md`` / ``grid.csv`` and, for up to
-``max_examples`` instances per dataset: click grids -> the IoU heatmap over
-the image (``heatmap_<dataset>_<id>.png``, baseline click, min and max
-marked); box grids -> the IoU heatmap over (w, h) (``boxgrid_<dataset>_<id>.png``,
-tight box size, min and max marked) and the corner heatmap over the image
-(``corners_<dataset>_<id>.png``) when recorded; plus ``report.md``.
+`write_report` writes ``grid.md`` / ``grid.csv`` and, for the instances
+``--plot-instances`` picks per dataset (default the worst 4 by ``iou_min``):
+click grids -> the IoU heatmap over the image with the GT outline
+(``heatmap_<dataset>_<id>.png``, baseline click, min and max marked); box
+grids -> the IoU heatmap over (w, h) (``boxgrid_<dataset>_<id>.png``, tight
+box size, min and max marked) and the corner heatmap over the image
+(``corners_<dataset>_<id>.png``, pixels without a corner unpainted) when
+recorded; plus ``report.md``. Colours span the finite data of each heatmap
+(docs/ARCHITECTURE.md, "Figures").
 """
 
 from __future__ import annotations
@@ -148,94 +151,145 @@ def load_heatmaps(run_dir, payload: Mapping) -> dict | None:
         return {name: data[name] for name in data.files}
 
 
-def _markers(payload: Mapping, labelled_fields, *, swap: bool) -> dict[str, tuple]:
-    """label -> (x, y) plot position of each recorded pair: (x, y) clicks as they are (``swap`` False),
-    (h, w) box sizes swapped to (w, h) (``swap`` True); absent pairs (None, -1) skipped."""
-    markers = {}
-    for label, field in labelled_fields:
-        pair = payload.get(field)
-        if pair is not None and min(pair) >= 0:
-            markers[label] = (pair[1], pair[0]) if swap else (pair[0], pair[1])
-    return markers
+def _click_markers(payload: Mapping) -> dict[str, tuple]:
+    """label -> (x, y) of the baseline, min and max clicks (`figures.record_point_xy`; absent ones skipped)."""
+    from jaxseg_robust.reports.figures import record_point_xy  # noqa: PLC0415
+
+    fields = (("baseline click", "baseline_click_xy"), ("min", "iou_argmin_xy"), ("max", "iou_argmax_xy"))
+    points = {label: record_point_xy(payload, field) for label, field in fields}
+    return {label: point for label, point in points.items() if point is not None}
 
 
-def plot_click_grid(record: Mapping, maps: Mapping, path, image=None) -> pathlib.Path:
-    """IoU heatmap of a click grid (over the image when given) with baseline / min / max clicks marked."""
-    from jaxseg_robust.reports.figures import plot_heatmap  # noqa: PLC0415
+def _size_markers(payload: Mapping) -> dict[str, tuple]:
+    """label -> (w, h) plot position of the tight, min and max box sizes (recorded (h, w); absent ones skipped)."""
+    fields = (("tight box", "tight_hw"), ("min", "iou_argmin_hw"), ("max", "iou_argmax_hw"))
+    return {label: (float(payload[field][1]), float(payload[field][0])) for label, field in fields
+            if payload.get(field) is not None and min(payload[field]) >= 0}
+
+
+def click_grid_figure(record: Mapping, maps: Mapping, image=None, gt=None):
+    """IoU heatmap of a click grid (over the image and GT outline when given), baseline / min / max clicks marked."""
+    from jaxseg_robust.reports.figures import heatmap_figure  # noqa: PLC0415
 
     payload = record["payload"]
-    markers = _markers(payload, (("baseline click", "baseline_click_xy"), ("min", "iou_argmin_xy"),
-                                 ("max", "iou_argmax_xy")), swap=False)
     title = (f"{record['dataset']}/{record['id']}\nIoU of one click: min {percent(number(payload['iou_min']))}, "
              f"max {percent(number(payload['iou_max']))}, baseline {percent(number(payload['baseline_iou']))}")
-    return plot_heatmap(maps["iou"], path, x_coords=maps["cols"], y_coords=maps["rows"], title=title,
-                        xlabel="click x (px)", ylabel="click y (px)", colour_label="IoU", image=image, markers=markers,
-                        anchor="start")
+    return heatmap_figure(maps["iou"], x_coords=maps["cols"], y_coords=maps["rows"], title=title,
+                          xlabel="click x (px)", ylabel="click y (px)", colour_label="IoU", image=image, gt=gt,
+                          markers=_click_markers(payload), anchor="start")
 
 
-def plot_box_grid(record: Mapping, maps: Mapping, path) -> pathlib.Path:
+def box_grid_figure(record: Mapping, maps: Mapping):
     """IoU heatmap over centred box sizes (w, h) with the tight size, min and max marked."""
-    from jaxseg_robust.reports.figures import plot_heatmap  # noqa: PLC0415
+    from jaxseg_robust.reports.figures import heatmap_figure  # noqa: PLC0415
 
     payload = record["payload"]
-    markers = _markers(payload, (("tight box", "tight_hw"), ("min", "iou_argmin_hw"), ("max", "iou_argmax_hw")),
-                       swap=True)
     title = (f"{record['dataset']}/{record['id']}\nIoU of centred boxes: min {percent(number(payload['iou_min']))}, "
              f"max {percent(number(payload['iou_max']))}, tight {percent(number(payload['tight_iou']))}")
-    return plot_heatmap(maps["iou"], path, x_coords=maps["widths"], y_coords=maps["heights"], title=title,
-                        xlabel="box width w (px)", ylabel="box height h (px)", colour_label="IoU", markers=markers)
+    return heatmap_figure(maps["iou"], x_coords=maps["widths"], y_coords=maps["heights"], title=title,
+                          xlabel="box width w (px)", ylabel="box height h (px)", colour_label="IoU",
+                          markers=_size_markers(payload))
 
 
-def plot_corner_heatmap(record: Mapping, maps: Mapping, path, image=None) -> pathlib.Path:
-    """The §5.3 corner heatmap (mean IoU of the boxes with a corner at each pixel) over the image."""
-    from jaxseg_robust.reports.figures import plot_heatmap  # noqa: PLC0415
+def _axis_ends(centre: int, sizes, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of the centred intervals of ``sizes`` along one axis (attacks.grid.boxes.centred_axis's rule)."""
+    sizes = np.asarray(sizes, np.int64)
+    return np.clip(centre - sizes // 2, 0, side - 1), np.clip(centre + (sizes + 1) // 2, 0, side - 1)
+
+
+def sampled_corners(payload: Mapping, maps: Mapping, shape: tuple[int, int]) -> np.ndarray:
+    """bool[H, W]: the pixels where a scored box of the grid has a corner (the corner heatmap's data).
+
+    A box of sizes (heights[a], widths[b]) centred on the recorded ``centre``
+    (cx, cy) counts when its size is ``valid``, its ``iou_reference`` is a
+    number and it is not flat (x2 > x1 and y2 > y1), as
+    `jaxseg_robust.attacks.grid.boxes.corner_heatmap` counts it; every other
+    pixel has no data (docs/protocols/grids.md §5.3).
+    """
+    height, width = (int(v) for v in shape)
+    centre_x, centre_y = (int(v) for v in payload["centre"])
+    y1, y2 = _axis_ends(centre_y, maps["heights"], height)
+    x1, x2 = _axis_ends(centre_x, maps["widths"], width)
+    scored = np.asarray(maps["valid"], bool) & np.isfinite(np.asarray(maps["iou_reference"], np.float64))
+    scored &= (y2 > y1)[:, None] & (x2 > x1)[None, :]
+    rows, cols = np.nonzero(scored)
+    sampled = np.zeros((height, width), bool)
+    for ys, xs in ((y1, x1), (y1, x2), (y2, x1), (y2, x2)):
+        sampled[ys[rows], xs[cols]] = True
+    return sampled
+
+
+def corner_figure(record: Mapping, maps: Mapping, image=None, gt=None):
+    """The §5.3 corner heatmap (mean IoU of the boxes with a corner at each pixel) over the image and GT outline.
+
+    Pixels where no scored box has a corner (`sampled_corners`) are masked: not painted.
+    """
+    from jaxseg_robust.reports.figures import heatmap_figure  # noqa: PLC0415
 
     heat = np.asarray(maps["corner_heatmap"], np.float64)
-    shown = np.where(heat > 0, heat, np.nan)
+    shown = np.ma.masked_array(heat, mask=~sampled_corners(record["payload"], maps, heat.shape))
     height, width = heat.shape
-    return plot_heatmap(shown, path, x_coords=np.arange(width), y_coords=np.arange(height),
-                        title=f"{record['dataset']}/{record['id']}\nmean IoU of the boxes with a corner at the pixel",
-                        colour_label="mean IoU (reference)", image=image)
+    return heatmap_figure(shown, x_coords=np.arange(width), y_coords=np.arange(height), image=image, gt=gt,
+                          title=f"{record['dataset']}/{record['id']}\nmean IoU of the boxes with a corner at the "
+                                "pixel (unpainted: no corner)", colour_label="mean IoU (reference)")
 
 
-def write_report(run_dir, out_dir=None, *, max_examples: int = 4, kind: str | None = None) -> dict[str, pathlib.Path]:
+def grid_hardness(record: Mapping) -> float:
+    """A record's score for ``--plot-instances worst``: its ``iou_min`` (`jaxseg_robust.reports.plot_selection`)."""
+    return number((record.get("payload") or {}).get("iou_min"))
+
+
+def _instance_figures(record: Mapping, maps: Mapping, kind: str, out: pathlib.Path) -> dict[str, pathlib.Path]:
+    """name -> path of the heatmap figures of one instance."""
+    from jaxseg_robust.reports.figures import save_figure  # noqa: PLC0415
+    from jaxseg_robust.reports.sources import load_source_gt, load_source_image  # noqa: PLC0415
+
+    name = file_stem(record["dataset"], record["id"])
+    image = load_source_image(record["payload"])
+    gt = load_source_gt(record["payload"]) if image is not None else None
+    if kind == "click":
+        return {f"heatmap_{name}": save_figure(click_grid_figure(record, maps, image, gt), out / f"heatmap_{name}.png")}
+    paths = {f"boxgrid_{name}": save_figure(box_grid_figure(record, maps), out / f"boxgrid_{name}.png")}
+    if "corner_heatmap" in maps:
+        paths[f"corners_{name}"] = save_figure(corner_figure(record, maps, image, gt), out / f"corners_{name}.png")
+    return paths
+
+
+def write_report(run_dir, out_dir=None, *, plot_instances=None, kind: str | None = None) -> dict[str, pathlib.Path]:
     """Writes the grid report of a run directory; returns name -> path.
 
     Args:
       run_dir: a ``jaxseg-robust grid`` run directory.
       out_dir: output folder (default ``RUN_DIR/report``).
-      max_examples: heatmap plots per dataset.
+      plot_instances: `jaxseg_robust.reports.plot_selection.PlotInstances`: the instances per dataset
+        whose heatmaps are drawn (default the worst 4 by `grid_hardness`).
       kind: "click" / "box" (default: the manifest's).
     """
-    from jaxseg_robust.reports.sources import load_source_image  # noqa: PLC0415
+    from jaxseg_robust.reports.figures import figure_links  # noqa: PLC0415
+    from jaxseg_robust.reports.plot_selection import DEFAULT_PLOT_INSTANCES, instances_to_plot  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
 
     config = read_manifest(run_dir)["config"]
+    choice = plot_instances or DEFAULT_PLOT_INSTANCES
     kind = config["kind"] if kind is None else kind
     records = load_run_records(run_dir)
     out = report_folder(run_dir, out_dir)
     table = grid_table(records, kind, config.get("multimask_output"))
     markdown = to_markdown(table)
     paths = write_table_files(out, "grid", markdown, to_csv(table))
-    parts = [f"# {kind.capitalize()} grid", "", markdown, ""]
+    order = "the lowest IoU Min first" if choice.mode == "worst" else "record order"
+    parts = [f"# {kind.capitalize()} grid", "", markdown, "", f"Instances drawn per dataset: {choice} ({order}).", ""]
     missing: list[str] = []
-    for record, maps in example_records(records, max_examples, lambda r: load_heatmaps(run_dir, r["payload"]),
-                                        missing):
-        name = file_stem(record["dataset"], record["id"])
-        image = load_source_image(record["payload"])
-        if kind == "click":
-            paths[f"heatmap_{name}"] = plot_click_grid(record, maps, out / f"heatmap_{name}.png", image)
-            parts += [f"![{record['id']}]({paths[f'heatmap_{name}'].name})", ""]
-        else:
-            paths[f"boxgrid_{name}"] = plot_box_grid(record, maps, out / f"boxgrid_{name}.png")
-            parts += [f"![{record['id']}]({paths[f'boxgrid_{name}'].name})", ""]
-            if "corner_heatmap" in maps:
-                paths[f"corners_{name}"] = plot_corner_heatmap(record, maps, out / f"corners_{name}.png", image)
-                parts += [f"![{record['id']} corners]({paths[f'corners_{name}'].name})", ""]
+    for record, maps in example_records(instances_to_plot(records, choice, grid_hardness), choice.count,
+                                        lambda r: load_heatmaps(run_dir, r["payload"]), missing):
+        figures = _instance_figures(record, maps, kind, out)
+        paths.update(figures)
+        parts += figure_links(record["id"], figures)
     if missing:
         parts += ["Heatmap files missing for: " + ", ".join(missing), ""]
     return write_report_page(out, parts, records, paths)
 
 
 __all__ = ["PROTOCOL", "KINDS", "COLUMNS", "GridRow", "GridTable", "default_multimask", "grid_table", "to_markdown",
-           "to_csv", "load_heatmaps", "plot_click_grid", "plot_box_grid", "plot_corner_heatmap", "write_report"]
+           "to_csv", "load_heatmaps", "click_grid_figure", "box_grid_figure", "sampled_corners", "corner_figure",
+           "grid_hardness", "write_report"]

@@ -17,6 +17,12 @@ Figure (paper Fig. 6): every pixel of the first-round clickability map ``M``
 ``t_lo <= M <= t_hi`` of `clicksim.groups.band_thresholds` (boundary values belong
 to two adjacent groups; the higher group is drawn) — over the dimmed image,
 with the object outline. matplotlib with the Agg backend (no display needed).
+
+Per-instance figure (`instance_curves`, `plot_instance_curves`): the IoU per
+round of the baseline clicker and of the simulated users (per round the worst,
+mean and best clicking group) of the instances ``--plot-instances`` picks;
+"worst" ranks by `rclicks_hardness` (the mean IoU over the rounds of the
+clicking groups, of the baseline clicker when no group ran).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import csv
 import io
 import math
 import pathlib
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -34,7 +41,8 @@ from jaxseg_robust.reports.report_files import write_table_files
 from jaxseg_robust.reports.tables import markdown_table
 
 __all__ = ["REPORT_STEM", "CSV_COLUMNS", "csv_columns", "budget_labels", "table_rows", "to_markdown", "to_csv",
-           "group_index_map", "plot_clicking_groups", "write_tables"]
+           "group_index_map", "plot_clicking_groups", "write_tables", "rclicks_hardness", "instance_curves",
+           "plot_instance_curves"]
 
 REPORT_STEM = "rclicks"  # the report's table files: rclicks.md / rclicks.csv
 CSV_COLUMNS = (
@@ -181,7 +189,7 @@ def plot_clicking_groups(image, gt, group_map, path, *, title: str = "", clicks=
 
     Args:
       image: uint8[H, W, 3] RGB.
-      gt: bool[H, W] object mask (outlined).
+      gt: bool[H, W] object mask (outlined thin and white, `figures.draw_gt_outline`).
       group_map: int[H, W] from `group_index_map` (-1 = not coloured).
       path: output PNG path.
       title: figure title.
@@ -195,6 +203,8 @@ def plot_clicking_groups(image, gt, group_map, path, *, title: str = "", clicks=
     import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib import colors  # noqa: PLC0415
 
+    from jaxseg_robust.reports.figures import draw_gt_outline  # noqa: PLC0415
+
     image = np.asarray(image)
     group_map = np.asarray(group_map)
     if image.ndim != 3 or group_map.shape != image.shape[:2] or np.shape(gt) != image.shape[:2]:
@@ -207,7 +217,7 @@ def plot_clicking_groups(image, gt, group_map, path, *, title: str = "", clicks=
     shown = np.ma.masked_less(group_map, 0)
     norm = colors.BoundaryNorm(np.arange(-0.5, num_groups + 0.5), cmap.N)
     handle = ax.imshow(shown, cmap=cmap, norm=norm, alpha=0.75, interpolation="nearest")
-    ax.contour(np.asarray(gt, float), levels=[0.5], colors="white", linewidths=0.8)
+    draw_gt_outline(ax, gt)
     if clicks is not None and len(clicks):
         clicks = np.asarray(clicks)
         ax.scatter(clicks[:, 0], clicks[:, 1], s=18, c="white", edgecolors="black", linewidths=0.6)
@@ -221,3 +231,50 @@ def plot_clicking_groups(image, gt, group_map, path, *, title: str = "", clicks=
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _curves_of(payload: Mapping) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(base f64[R] or None, groups f64[G, R] or None) IoU per round of an RClicks payload (JSON null -> NaN)."""
+    def array(value, ndim):
+        if value is None:
+            return None
+        values = np.array([[math.nan if v is None else v for v in row] for row in value] if ndim == 2
+                          else [math.nan if v is None else v for v in value], np.float64)
+        return values if values.size else None
+
+    return array(payload.get("base_iou"), 1), array(payload.get("group_iou"), 2)
+
+
+def rclicks_hardness(record: Mapping) -> float:
+    """A record's score for ``--plot-instances worst`` (lower = harder): the mean IoU over the rounds of the
+    clicking groups (the sample's IoU-AuC), or of the baseline clicker when no group ran; NaN when neither."""
+    base, groups = _curves_of(record.get("payload") or {})
+    values = groups if groups is not None else base
+    if values is None or not np.isfinite(values).any():
+        return math.nan
+    return float(np.nanmean(values))
+
+
+def instance_curves(payload: Mapping) -> dict[str, np.ndarray]:
+    """label -> f64[R] IoU per round: ``baseline`` and, with groups, ``worst group`` / ``mean of groups`` /
+    ``best group`` (per round the min / mean / max over the clicking groups, NaN skipped)."""
+    base, groups = _curves_of(payload)
+    curves = {} if base is None else {"baseline": base}
+    if groups is not None:
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a round where every group is NaN stays NaN
+            curves.update({"worst group": np.nanmin(groups, axis=0), "mean of groups": np.nanmean(groups, axis=0),
+                           "best group": np.nanmax(groups, axis=0)})
+    return curves
+
+
+def plot_instance_curves(record: Mapping, path) -> pathlib.Path | None:
+    """Saves the IoU-per-round figure of one RClicks record (`instance_curves`); None when it has no curve."""
+    from jaxseg_robust.reports.figures import plot_curves  # noqa: PLC0415
+
+    curves = instance_curves(record.get("payload") or {})
+    if not curves:
+        return None
+    groups = len((record["payload"].get("group_iou") or []))
+    title = f"{record['dataset']}/{record['id']}: IoU per round (baseline clicker; {groups} clicking groups)"
+    return plot_curves(curves, path, title=title, ylabel="IoU")

@@ -37,7 +37,8 @@ record's per-instance ``auc_iou@K`` over a trajectory's own clicks.
 `write_report` writes ``tetris.md`` / ``tetris.csv``, ``ious.csv`` (IoU and
 BIoU per instance, trajectory and click: `click_rows`), one mIoU-per-click
 plot per dataset (``curves_<dataset>.png``: min / baseline / max), the clicks
-of up to ``max_examples`` instances drawn over their image
+of the instances ``--plot-instances`` picks (default the worst 4 per dataset
+by `tetris_hardness`) drawn over their image with the GT outline
 (``clicks_<dataset>_<id>.png``), their final predicted masks when the run
 directory holds them (``masks_<dataset>_<id>.png``: one panel per trajectory)
 and ``report.md`` (tables, plots, failed instances).
@@ -336,19 +337,15 @@ def write_click_csv(path, records: Iterable[Mapping]) -> pathlib.Path:
     return path
 
 
-def _row_col(part: Mapping) -> np.ndarray:
-    """float[K, 2] (row, col) of a trajectory's recorded ``clicks_xy`` (x, y), as the plot functions take them."""
-    return np.asarray(part["clicks_xy"], np.float64).reshape(-1, 2)[:, ::-1]
-
-
 def _final_label(part: Mapping, trajectory: str) -> str:
     final = part["iou"][-1] if part.get("iou") else None
     return f"{trajectory} (final IoU {100 * final:.1f})" if final is not None else trajectory
 
 
-def _mask_plot(run_dir, record: Mapping, image, trajectories: Sequence[str], path: pathlib.Path):
-    """One panel per trajectory: its final predicted mask and its clicks; None when no mask was recorded."""
+def _mask_plot(run_dir, record: Mapping, image, gt, trajectories: Sequence[str], path: pathlib.Path):
+    """One panel per trajectory: its final predicted mask, its clicks and the GT outline; None without masks."""
     from jaxseg_robust.reports.artifacts import read_mask  # noqa: PLC0415
+    from jaxseg_robust.reports.figures import record_clicks_xy  # noqa: PLC0415
     from jaxseg_robust.reports.mask_plots import MaskPanel, plot_mask_panels  # noqa: PLC0415
 
     key = (record["dataset"], record["id"])
@@ -358,28 +355,37 @@ def _mask_plot(run_dir, record: Mapping, image, trajectories: Sequence[str], pat
         if mask is None:
             continue
         part = record["payload"][trajectory]
-        panels.append(MaskPanel(_final_label(part, trajectory), mask, trajectory,
-                                _row_col(part), np.asarray(part["is_positive"], bool)))
+        panels.append(MaskPanel(_final_label(part, trajectory), mask, trajectory, *record_clicks_xy(part)))
     if not panels:
         return None
     title = f"{record['dataset']}/{record['id']}: predicted mask after the last click"
-    return plot_mask_panels(image, panels, path, title=title)
+    return plot_mask_panels(image, panels, path, gt=gt, title=title)
 
 
-def _click_plot(record: Mapping, trajectories: Sequence[str], path: pathlib.Path):
-    from jaxseg_robust.reports.figures import plot_prompts  # noqa: PLC0415
-    from jaxseg_robust.reports.sources import load_source_image  # noqa: PLC0415
+def click_figure(record: Mapping, trajectories: Sequence[str], image, gt=None):
+    """The clicks of each trajectory (numbered, `figures.record_clicks_xy`) over the image with the GT outline."""
+    from jaxseg_robust.reports.figures import prompts_figure, record_clicks_xy  # noqa: PLC0415
 
-    payload = record["payload"]
-    image = load_source_image(payload)
-    if image is None:
-        return None
-    clicks = {}
-    for trajectory in trajectories:
-        part = payload[trajectory]
-        clicks[_final_label(part, trajectory)] = (_row_col(part), np.asarray(part["is_positive"], bool))
+    clicks = {_final_label(record["payload"][t], t): record_clicks_xy(record["payload"][t]) for t in trajectories}
     title = f"{record['dataset']}/{record['id']}\nclicks of each trajectory (numbered)"
-    return plot_prompts(image, path, clicks=clicks, title=title), image
+    return prompts_figure(image, clicks=clicks, gt=gt, title=title)
+
+
+def tetris_hardness(record: Mapping, auc_clicks: int = AUC_CLICKS) -> float:
+    """A record's score for ``--plot-instances worst``: IoU-AuC@K of its MIN trajectory (lower = worse).
+
+    Without MIN, the first recorded trajectory of baseline / max; NaN when none
+    (`jaxseg_robust.reports.plot_selection`).
+    """
+    from jaxseg_robust.reports.tetris_scores import trajectory_scores  # noqa: PLC0415
+
+    payload = record.get("payload") or {}
+    for trajectory in ("min", "baseline", "max"):
+        if isinstance(payload.get(trajectory), Mapping) and payload[trajectory].get("iou"):
+            curves = _nan_curves([payload], trajectory)
+            clicks = min(auc_clicks, len(curves[0]["iou"]))
+            return float(trajectory_scores(curves, num_clicks=clicks, noc_thresholds=())[f"auc_iou@{clicks}"])
+    return math.nan
 
 
 def recorded_target_iou(run_dir) -> float | None:
@@ -393,17 +399,37 @@ def recorded_target_iou(run_dir) -> float | None:
     return None if value is None else float(value)
 
 
-def write_report(run_dir, out_dir=None, *, max_examples: int = 4) -> dict[str, pathlib.Path]:
+def _instance_figures(run_dir, record: Mapping, trajectories: Sequence[str], out: pathlib.Path) -> dict:
+    """name -> path of one instance's click figure and mask figure; {} when its image is gone."""
+    from jaxseg_robust.reports.figures import save_figure  # noqa: PLC0415
+    from jaxseg_robust.reports.sources import load_source_gt, load_source_image  # noqa: PLC0415
+
+    image = load_source_image(record["payload"])
+    if image is None:
+        return {}
+    gt = load_source_gt(record["payload"])
+    stem = file_stem(record["dataset"], record["id"])
+    paths = {f"clicks_{stem}": save_figure(click_figure(record, trajectories, image, gt), out / f"clicks_{stem}.png")}
+    masks = _mask_plot(run_dir, record, image, gt, trajectories, out / f"masks_{stem}.png")
+    if masks is not None:
+        paths[f"masks_{stem}"] = masks
+    return paths
+
+
+def write_report(run_dir, out_dir=None, *, plot_instances=None) -> dict[str, pathlib.Path]:
     """Writes the TETRIS report of a run directory; returns name -> path.
 
     Args:
       run_dir: a ``jaxseg-robust tetris`` run directory.
       out_dir: output folder (default ``RUN_DIR/report``).
-      max_examples: click (and mask) plots per dataset (instances in record order).
+      plot_instances: `jaxseg_robust.reports.plot_selection.PlotInstances`: the instances per dataset
+        whose clicks and masks are drawn (default worst 4 by `tetris_hardness`).
     """
     from jaxseg_robust.reports.artifacts import read_timings  # noqa: PLC0415
-    from jaxseg_robust.reports.figures import plot_curves  # noqa: PLC0415
+    from jaxseg_robust.reports.figures import figure_links, plot_curves  # noqa: PLC0415
+    from jaxseg_robust.reports.plot_selection import DEFAULT_PLOT_INSTANCES, instances_to_plot  # noqa: PLC0415
 
+    choice = plot_instances or DEFAULT_PLOT_INSTANCES
     records = load_run_records(run_dir)
     out = report_folder(run_dir, out_dir)
     table = tetris_table(records, target_iou=recorded_target_iou(run_dir), timings=read_timings(run_dir))
@@ -411,32 +437,30 @@ def write_report(run_dir, out_dir=None, *, max_examples: int = 4) -> dict[str, p
     paths = write_table_files(out, "tetris", markdown, to_csv(table))
     paths["ious_csv"] = write_click_csv(out / CLICK_CSV, records)
     parts = ["# TETRIS click robustness", "", markdown, ""]
-    by_dataset: dict[str, list] = {}
-    for record in records:
-        if record.get("status") == "ok":
-            by_dataset.setdefault(record["dataset"], []).append(record)
+    by_dataset: dict[str, list] = {r["dataset"]: [] for r in records if r.get("status") == "ok"}  # record order
+    for record in instances_to_plot(records, choice, lambda r: tetris_hardness(r, table.auc_clicks)):
+        by_dataset[record["dataset"]].append(record)
     for dataset, ok in by_dataset.items():
-        name = safe_name(dataset)
+        key = f"curves_{safe_name(dataset)}"
         curves = mean_curves([r["payload"] for r in ok], table.trajectories)
-        key = f"curves_{name}"
         paths[key] = plot_curves(curves, out / f"{key}.png", title=f"{dataset}: mIoU per click ({len(ok)} instances)")
-        parts += [f"## {dataset}", "", f"![mIoU per click]({paths[key].name})", ""]
-        for record in ok[:max_examples]:
-            key = f"clicks_{file_stem(dataset, record['id'])}"
-            drawn = _click_plot(record, table.trajectories, out / f"{key}.png")
-            if drawn is not None:
-                path, image = drawn
-                paths[key] = path
-                parts += [f"![{record['id']}]({path.name})", ""]
-                key = f"masks_{file_stem(dataset, record['id'])}"
-                path = _mask_plot(run_dir, record, image, table.trajectories, out / f"{key}.png")
-                if path is not None:
-                    paths[key] = path
-                    parts += [f"![{record['id']} predicted masks]({path.name})", ""]
+        parts += [f"## {dataset}", "", f"![mIoU per click]({paths[key].name})", "",
+                  f"Instances drawn: {choice} (TETRIS: the lowest IoU-AuC@{table.auc_clicks} of MIN first)"
+                  if choice.mode == "worst" else f"Instances drawn: {choice} (record order)", ""]
+        drawn = 0
+        for record in ok:
+            if drawn >= choice.count:
+                break
+            figures = _instance_figures(run_dir, record, table.trajectories, out)  # {}: image file gone
+            if figures:
+                drawn += 1
+                paths.update(figures)
+                parts += figure_links(record["id"], figures)
     parts += [f"Per-instance, per-click IoU and BIoU: [{CLICK_CSV}]({CLICK_CSV}).", ""]
     return write_report_page(out, parts, records, paths)
 
 
 __all__ = ["PROTOCOL", "TRAJECTORIES", "NOC_THRESHOLDS", "NOF_THRESHOLDS", "CLICK_CSV", "TetrisRow", "TetrisTable",
            "threshold_label", "table_thresholds", "tetris_table", "to_markdown", "csv_column", "to_csv", "mean_curves",
-           "click_rows", "write_click_csv", "recorded_target_iou", "safe_name", "failed_lines", "write_report"]
+           "click_rows", "write_click_csv", "click_figure", "tetris_hardness", "recorded_target_iou", "safe_name",
+           "failed_lines", "write_report"]
