@@ -22,6 +22,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
+from jaxseg_robust.data.masks_io import DEFAULT_RULE
 from jaxseg_robust.data.size_guard import DEFAULT_MAX_SIDE
 
 FRAME_HELP = ("padded frame of each batch: 'exact' (one compile per image size), 'round:N' (H and W "
@@ -134,9 +135,10 @@ def add_dataset_arguments(parser) -> None:
     group.add_argument("--folder", nargs=2, action="append", default=[], metavar=("IMAGES", "MASKS"),
                        help="any folder of images and a folder of masks matched by file stem (repeatable); "
                             "the dataset is named after the images folder's parent")
-    add_flag(group, "--mask-rule", default=">128",
-             help="--folder masks: foreground rule on the pixel value ('>N', '>=N', '==N', '!=N'; "
-                  "default %(default)s)")
+    add_flag(group, "--mask-rule", default=DEFAULT_RULE,
+             help="--folder masks: foreground rule on the pixel value ('>N', '>=N', '==N', '!=N'), applied to "
+                  "every mask the same way (default %(default)s: 0/255, JPEG and soft masks; 0/1 label masks and "
+                  "DAVIS palette ids need '>0'); a mask it leaves empty is a failed instance naming the file")
     add_flag(group, "--mask-ignore", type=int, default=None, metavar="VALUE",
              help="--folder masks: pixel value marking ignored pixels (e.g. 128)")
     add_flag(group, "--on-bad-pair", choices=ON_BAD_PAIR_CHOICES, default="fail",

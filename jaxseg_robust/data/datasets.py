@@ -77,9 +77,10 @@ Problems and where they surface:
     process): a mask that is not close to two-valued (`masks_io.two_valued_warning`;
     a photo or noise passed as a mask; ``davis`` / ``coco_mval`` allow up to
     `masks_io.MAX_LABELS` object colours, ``grabcut`` / ``berkeley`` leave out the
-    ignore value 128); and, once per dataset, ``folder`` masks holding 0/1
-    labels under the default rule ``>128``, which are read as object = 1
-    (`masks_io.resolve_rule`);
+    ignore value 128). A ``folder`` rule is applied to every file the same way:
+    a 0/1 label or palette-id mask under the default ``>128`` is an empty
+    object, failed at ``load()`` with the values found and the rule ``>0``
+    that reads them (`masks_io.empty_mask_hint`);
   * a multi-object mask without any object gives no instance and a
     `DatasetWarning`.
 
