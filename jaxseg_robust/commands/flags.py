@@ -31,7 +31,8 @@ FRAME_HELP = ("padded frame of each batch: 'exact' (one compile per image size),
 MAX_SIDE_HELP = ("size guard: images whose longest side exceeds PX are downsized on load, aspect kept (Pillow "
                  "bilinear; masks nearest), for every data source; memory grows ~550 bytes per pixel (a 4000x3000 "
                  "image: 7.8 GB unguarded, 3.0 GB peak with the default %(default)s, 1.7 GB with 1024). "
-                 "A resized instance's record says so: "
+                 "A resized instance is said on stderr (one line: its name, both sizes), counted at the end "
+                 "of the run and in summary.md, and its record says so: "
                  "\"resized\": original_size [H0, W0], size [h, w], scale; results are in the resized frame "
                  "(x0 = (x + 0.5) * W0 / w - 0.5, masks resized back nearest). 0 = no guard. TETRIS: applied "
                  "after the protocol's own cap (--tetris-max-side)")

@@ -139,14 +139,35 @@ def report_error(command: str, message: str, stream=None) -> int:
     return EXIT_FAILURE
 
 
+def resized_count(run_dir) -> tuple[int, int]:
+    """(instances whose latest record holds ``"resized"``, instances recorded) over every records file of a run."""
+    from jaxseg_robust.runner.records import latest_records, read_run_records  # noqa: PLC0415
+
+    latest = latest_records(read_run_records(run_dir))
+    return sum("resized" in record for record in latest.values()), len(latest)
+
+
+def resized_line(run_dir) -> str | None:
+    """The run summary's count of resized instances (``3 of 7 instances were resized ...``), or None when none was."""
+    resized, recorded = resized_count(run_dir)
+    if not resized:
+        return None
+    return (f"{resized} of {recorded} instances were resized on load (longest side over --max-side, or the TETRIS "
+            "cap); their results are in the resized frame and each record's \"resized\" field maps them back")
+
+
 def print_outcome(summary, table: str, files: Sequence[pathlib.Path], stream=None) -> None:
-    """Prints the run summary (counts, failures), the table and where the files are."""
+    """Prints the run summary (counts, failures), the table, where the files are and, last, how many
+    instances were resized (`resized_line`, when any was)."""
     out = sys.stdout if stream is None else stream
     print(summary.format(), file=out)
     print("", file=out)
     print(table, file=out)
     for path in files:
         print(f"wrote {path}", file=out)
+    resized = resized_line(summary.run_dir)
+    if resized is not None:
+        print(resized, file=out)
 
 
 def write_tables(run_dir, markdown: str, csv_text: str, stem: str = "summary") -> list[pathlib.Path]:
@@ -163,14 +184,16 @@ def finish(command: str, args, summary, markdown: str, csv_text: str) -> int:
       command: the sub-command name (for messages).
       args: parsed flags (``args.out`` is the run directory).
       summary: the engine's `RunSummary` of this call.
-      markdown, csv_text: the per-dataset table of every record in the run directory.
+      markdown, csv_text: the per-dataset table of every record in the run directory; ``summary.md`` gets
+        the count of resized instances below it (`resized_line`, when any was).
 
     Returns:
       `exit_code` over everything recorded in the run directory.
     """
     from jaxseg_robust.runner.engine import recorded_counts  # noqa: PLC0415
 
-    files = write_tables(args.out, markdown, csv_text)
+    resized = resized_line(args.out)
+    files = write_tables(args.out, markdown if resized is None else f"{markdown}\n\n{resized}\n", csv_text)
     print_outcome(summary, markdown, files)
     code = exit_code(summary, recorded_counts(args.out)["ok"])
     if code == EXIT_FAILURE:
