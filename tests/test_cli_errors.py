@@ -107,3 +107,40 @@ def test_an_internal_error_exits_2_in_one_line_and_shows_the_traceback_on_reques
     code, _, err = run_cli(argv, capsys)
     assert code == cli.EXIT_FAILURE
     assert "Traceback" in err and err.rstrip().endswith("internal error: RuntimeError: boom")
+
+
+def test_a_damaged_converted_model_is_one_line_naming_the_file(tmp_path, capsys):
+    from jaxseg_robust.models import store, zoo
+
+    model = tmp_path / "sam_tiny_converted"
+    store.save(model, zoo.segmenter("sam_tiny").init(0), family="sam", variant="tiny",
+               config=zoo.get("sam_tiny").config.to_dict())
+    for file in sorted((model / "params" / "d").iterdir()):  # garble the array data, convert nothing
+        file.write_bytes(b"garbled" * 5)
+    folder = make_folder(tmp_path, bad=False)
+    code, _, err = run_cli(["tetris", "--model", str(model), *folder_flags(folder), "--out", str(tmp_path / "run"),
+                            "--progress", "none"], capsys)
+    assert code == cli.EXIT_FAILURE
+    line = _one_line(err)
+    assert line.startswith(f"jaxseg-robust tetris: error: --model {model}: {model / 'params' / 'd'}/")
+    assert "the parameter checkpoint is damaged or incomplete" in line and len(line) < 400
+    assert "Event loop is closed" not in err and not (tmp_path / "run" / "records.jsonl").exists()
+
+
+@pytest.mark.parametrize("command", [["tetris"], ["breps"], ["grid", "--kind", "click"],
+                                     ["rclicks", "--clickability", "dt"]], ids=lambda c: c[0])
+def test_a_dense_model_given_to_a_prompt_protocol_says_it_takes_no_prompts(tmp_path, capsys, command):
+    import numpy as np
+
+    from jaxseg_robust.models import store
+
+    model = tmp_path / "u2netp"
+    store.save(model, {"w": np.zeros(2)}, family="u2netp", variant="u2netp", config={})
+    folder = make_folder(tmp_path, bad=False)
+    code, _, err = run_cli([*command, "--model", str(model), *folder_flags(folder), "--out", str(tmp_path / "run"),
+                            "--progress", "none"], capsys)
+    assert code == cli.EXIT_FAILURE
+    line = _one_line(err)
+    assert line.startswith(f"jaxseg-robust {command[0]}: error: --model {model}: {model} holds a 'u2netp' model, "
+                           "a dense model (image -> per-pixel logits) that takes no prompts")
+    assert "unknown model family" not in line
