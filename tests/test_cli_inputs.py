@@ -72,3 +72,15 @@ def test_a_grid_stride_larger_than_every_image_is_refused(tmp_path, capsys, kind
     assert f"--stride {stride} leaves a single" in err and f"--stride {fine} or less" in err
     assert len(err.strip().splitlines()) == 1
     assert prompt_count(kind, fine, 40, 48) >= 2 and prompt_count(kind, stride, 40, 48) == 1
+
+
+def test_on_bad_pair_error_hints_with_the_flag_spelling(tmp_path, capsys):
+    folder = make_folder(tmp_path, bad=True)  # a size-mismatched and an unreadable mask
+    argv = ["tetris", "--model", "sam_tiny", *folder_flags(folder), "--out", str(tmp_path / "run"),
+            "--progress", "none", "--on-bad-pair", "error"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == cli.EXIT_FAILURE and not (tmp_path / "run").exists()
+    first = err.splitlines()[0]
+    assert first.startswith("jaxseg-robust tetris: error: toy: 2 problem(s) listing ")
+    assert first.endswith("(--on-bad-pair skip or fail to go on):") and "on_bad_pair=" not in err
+    assert "b_mismatch.png" in err and "b_unreadable.png" in err

@@ -212,7 +212,7 @@ def load_instances(args) -> list:
       CommandError: no dataset given, unknown names, missing folders, a dataset
         listed twice, bad mask rules.
     """
-    from jaxseg_robust.data.datasets import DatasetWarning, guard_size  # noqa: PLC0415
+    from jaxseg_robust.data.datasets import ON_BAD_PAIR_HINT, DatasetWarning, guard_size  # noqa: PLC0415
 
     if not args.datasets and not getattr(args, "folder", None):
         raise CommandError("give --datasets NAMES and/or --folder IMAGES MASKS")
@@ -226,7 +226,7 @@ def load_instances(args) -> list:
     except CommandError:
         raise
     except ValueError as error:  # DatasetError is a ValueError
-        raise CommandError(str(error)) from None
+        raise CommandError(str(error).replace(ON_BAD_PAIR_HINT, "--on-bad-pair skip or fail to go on")) from None
     listed = [name for name, _ in groups]
     duplicated = sorted({name for name in listed if listed.count(name) > 1})
     if duplicated:

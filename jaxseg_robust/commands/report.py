@@ -5,7 +5,7 @@ The protocol is read from the run's manifest and dispatched by
 folder of run directories (``jaxseg-robust demo``) gets one report per sub-run
 and an index. Nothing is recomputed: the report reads the records (and the
 grid's heatmap files); image plots re-read each instance's image file.
-Exit codes: 0 written, 2 not a run directory / unknown protocol / unreadable records.
+Exit codes: 0 written, 2 no such directory / not a run directory / unknown protocol / unreadable records.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ EPILOG = """\
 examples:
   jaxseg-robust report runs/tetris_sam_vit_b              writes runs/tetris_sam_vit_b/report/
   jaxseg-robust report runs/box_grid --out figures/box_grid
-exit codes: 0 report written, 2 not a run directory (or unknown protocol, unreadable records).
+exit codes: 0 report written, 2 no such directory, not a run directory (or unknown protocol, unreadable records).
 """
 
 
@@ -41,6 +41,9 @@ def run(args) -> int:
     """Writes the report; prints the written files; returns an exit code of `jaxseg_robust.exit_codes`."""
     from jaxseg_robust.reports.run_report import write_run_report  # noqa: PLC0415
 
+    if not pathlib.Path(args.run_dir).is_dir():
+        what = "is not a directory" if pathlib.Path(args.run_dir).exists() else "does not exist"
+        return report_error(COMMAND, f"{args.run_dir} {what} (give a run directory or a folder of run directories)")
     try:
         paths = write_run_report(args.run_dir, args.out)
     except (ValueError, KeyError, FileNotFoundError) as error:  # ReportError, RecordsError, bad records

@@ -25,13 +25,16 @@ def startup_line(text: str, stream=None) -> None:
 
 
 def check_outputs(args) -> None:
-    """Checks ``--out`` is a writable run directory (or can be created as one) and ``--progress`` can be shown.
+    """Checks ``--out`` is a writable run directory (or can be created as one), ``--progress`` can be shown and
+    ``--frame`` is a frame policy.
 
     Runs before any model is loaded or anything computed; creates nothing.
 
     Raises:
-      CommandError: naming the flag (an unwritable --out, --progress tqdm without tqdm).
+      CommandError: naming the flag (an unwritable --out, --progress tqdm without tqdm, a bad --frame).
     """
+    if getattr(args, "frame", None):
+        parse_frame_policy(args.frame)
     from jaxseg_robust.runner.progress import check_progress_mode  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import check_writable_dir  # noqa: PLC0415
 
@@ -47,8 +50,8 @@ def check_outputs(args) -> None:
 def start_processes(args) -> tuple[int | None, int | None]:
     """Checks the process flags and starts ``jax.distributed`` when asked; call before anything uses JAX.
 
-    Also checks ``--out`` and ``--progress`` (`check_outputs`), so every run
-    command refuses an unwritable run directory before it computes anything.
+    Also checks ``--out``, ``--progress`` and ``--frame`` (`check_outputs`), so every run
+    command refuses an unwritable run directory or a bad frame before it loads or computes anything.
 
     Args:
       args: parsed flags with ``distributed``, ``process_index``, ``process_count``.

@@ -156,6 +156,7 @@ OBJECT_ID_SEPARATOR = "#"
 TETRIS_MAX_SIDE = 1024
 RCLICKS_TETRIS_MAX_SIDE = 2048
 ON_BAD_PAIR_MODES = ("error", "skip", "fail")
+ON_BAD_PAIR_HINT = "on_bad_pair='skip' or 'fail' to go on"  # the CLI says it with its flag's spelling
 UNREADABLE_DECLARED_SIZE = (1, 1)
 
 
@@ -259,7 +260,7 @@ def _handle_problems(dataset: str, folder: pathlib.Path, problems: list[tuple[_P
     lines = "\n  ".join(message for _, message in problems)
     if on_bad_pair == "error":
         raise DatasetError(f"{dataset}: {len(problems)} problem(s) listing {folder} "
-                           f"(on_bad_pair='skip' or 'fail' to go on):\n  {lines}")
+                           f"({ON_BAD_PAIR_HINT}):\n  {lines}")
     failing, warned = [], []
     for pair, message in problems:
         if on_bad_pair == "fail" and pair.image is not None:
