@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
+from jaxseg_robust.commands.flags import DEVICE_EPILOG
 from jaxseg_robust.exit_codes import EXIT_OK
 from jaxseg_robust.commands.running import report_error
 
@@ -22,7 +23,7 @@ examples:
   jaxseg-robust report runs/tetris_sam_vit_b              writes runs/tetris_sam_vit_b/report/
   jaxseg-robust report runs/box_grid --out figures/box_grid
 exit codes: 0 report written, 2 no such directory, not a run directory (or unknown protocol, unreadable records).
-"""
+""" + DEVICE_EPILOG + "\n"
 
 
 def register(subparsers) -> None:

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from jaxseg_robust.commands.flags import add_flag, finite_float
+from jaxseg_robust.commands.flags import DEVICE_EPILOG, add_flag, finite_float
 from jaxseg_robust.commands.running import report_error
 from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL
 from jaxseg_robust.data.examples import write_example_folders
@@ -63,7 +63,7 @@ label masks and DAVIS palette ids: '>0'; GrabCut/Berkeley: --gt-rule '>128'
 as IoU 0); a mask that is not close to two-valued (a photo, noise) is scored with a
 warning naming the file.
 exit codes: 0 all scored, 1 some files skipped (listed), 2 nothing scored / bad arguments.
-"""
+""" + DEVICE_EPILOG + "\n"
 
 
 class Pair(NamedTuple):
@@ -93,7 +93,8 @@ def register(subparsers) -> None:
     add_flag(parser, "--dilation-ratio", type=finite_float, default=DEFAULT_DILATION_RATIO,
              help="boundary width as a fraction of the image diagonal (default %(default)s; d = max(1, round(ratio*diag)))")
     parser.add_argument("--out", metavar="CSV",
-                        help="write per-file scores to this CSV (with --example: DIR/scores.csv)")
+                        help="write per-file scores to this CSV (default: printed only; with --example: "
+                             "DIR/scores.csv)")
     add_flag(parser, "--gt-rule", default=DEFAULT_RULE,
              help="foreground rule for every GT mask (default %(default)s; 0/1 or palette-id masks: '>0')")
     add_flag(parser, "--pred-rule", default=DEFAULT_RULE,
