@@ -104,7 +104,8 @@ def register(subparsers) -> None:
                         help="multimask output + argmax predicted IoU (default for clicks)")
     output.add_argument("--single-mask", dest="multimask", action="store_false",
                         help="single-mask output (default for boxes, as comp_hw.py)")
-    add_flag(group, "--no-corner-heatmap", action="store_true", help="box grid: skip the corner heatmap (default: drawn)")
+    add_flag(group, "--no-corner-heatmap", action="store_true",
+             help="box grid: skip the corner heatmap (default: drawn)")
 
 
 def check_arguments(args) -> bool:

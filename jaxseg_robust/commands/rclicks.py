@@ -72,7 +72,8 @@ def register(subparsers) -> None:
     flags.add_flag(group, "--groups", type=flags.non_negative_int, default=10,
                     help="clicking groups (equal-mass bands; even, as ΔHH pairs group j with j+G/2; "
                          "0 = no groups; default %(default)s)")
-    flags.add_flag(group, "--no-base", action="store_true", help="skip the Base (baseline clicker) trajectory (default: run it)")
+    flags.add_flag(group, "--no-base", action="store_true",
+                   help="skip the Base (baseline clicker) trajectory (default: run it)")
     group.add_argument("--thr", "--thresh", dest="thr", type=flags.finite_float, default=None,
                        help="probability threshold of the model (default: the model family's; 0.5 SAM-type, "
                             "0.49 RITM-type)")
