@@ -59,7 +59,7 @@ from jaxseg_robust.commands.flags import (
     positive_int,
 )
 from jaxseg_robust.commands.loading import load_instances
-from jaxseg_robust.commands.running import report_error, run_protocol, start_processes
+from jaxseg_robust.commands.running import report_error, resized_line, run_protocol, start_processes
 from jaxseg_robust.runner.engine import recorded_counts
 
 ATTACK_GROUPS = {
@@ -406,6 +406,9 @@ def run(args) -> int:
 
     print(f"perturb: {format_compile_summary(compiled)}")
     _report(out, write=not args.no_report)
+    resized = resized_line(out)
+    if resized is not None:
+        print(resized)
     if recorded_counts(out)["ok"] == 0:
         return report_error(COMMAND, "no instance could be processed")
     return summary.exit_code
