@@ -10,6 +10,10 @@ Exit codes (every command):
   130  interrupted (Ctrl-C, or SIGTERM as a batch scheduler sends before its
      kill): one line, no traceback; rerunning the same command resumes
      (records are written once per batch).
+
+Warnings (a mask that is not two-valued, skipped files, ...) print as
+``warning: MESSAGE`` on stderr, without the source file and line of the code
+that raised them (`format_warning`; set for the command line only).
 """
 
 from __future__ import annotations
@@ -18,14 +22,22 @@ import os
 import signal
 import sys
 import traceback
+import warnings
 
 from jaxseg_robust.commands import COMMAND_MODULES, build_parser
 from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL
+from jaxseg_robust.models.store import quiet_closed_loop_hook
 
 __all__ = ["COMMAND_MODULES", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PARTIAL", "TRACEBACK_ENV_VAR",
            "build_parser", "main"]
 
 TRACEBACK_ENV_VAR = "JAXSEG_ROBUST_TRACEBACK"
+
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """`warnings.formatwarning` of the command line: ``warning: MESSAGE`` and a newline, no source path or line."""
+    del category, filename, lineno, line
+    return f"warning: {message}\n"
+
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
@@ -49,8 +61,23 @@ def main(argv: list[str] | None = None) -> int:
     Ctrl-C anywhere prints one line and returns `EXIT_INTERRUPTED`; any
     exception a command did not turn into a message prints one line naming
     it (plus the traceback when ``$JAXSEG_ROBUST_TRACEBACK`` is set) and
-    returns `EXIT_FAILURE`, never the "partial" code 1.
+    returns `EXIT_FAILURE`, never the "partial" code 1. While it runs, warnings
+    print as one ``warning: ...`` line (`format_warning`) and the tracebacks of
+    reads a damaged checkpoint left in flight are dropped
+    (`jaxseg_robust.models.store.quiet_closed_loop_hook`).
     """
+    previous_format, warnings.formatwarning = warnings.formatwarning, format_warning
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = quiet_closed_loop_hook(previous_hook)
+    try:
+        return _main(argv)
+    finally:
+        warnings.formatwarning = previous_format
+        sys.unraisablehook = previous_hook
+
+
+def _main(argv: list[str] | None) -> int:
+    """`main` without the warning format and the unraisable hook."""
     command = "jaxseg-robust"
     try:
         parser = build_parser()

@@ -107,3 +107,88 @@ def test_an_internal_error_exits_2_in_one_line_and_shows_the_traceback_on_reques
     code, _, err = run_cli(argv, capsys)
     assert code == cli.EXIT_FAILURE
     assert "Traceback" in err and err.rstrip().endswith("internal error: RuntimeError: boom")
+
+
+def test_a_damaged_converted_model_is_one_line_naming_the_file(tmp_path, capsys):
+    from jaxseg_robust.models import store, zoo
+
+    model = tmp_path / "sam_tiny_converted"
+    store.save(model, zoo.segmenter("sam_tiny").init(0), family="sam", variant="tiny",
+               config=zoo.get("sam_tiny").config.to_dict())
+    for file in sorted((model / "params" / "d").iterdir()):  # garble the array data, convert nothing
+        file.write_bytes(b"garbled" * 5)
+    folder = make_folder(tmp_path, bad=False)
+    code, _, err = run_cli(["tetris", "--model", str(model), *folder_flags(folder), "--out", str(tmp_path / "run"),
+                            "--progress", "none"], capsys)
+    assert code == cli.EXIT_FAILURE
+    line = _one_line(err)
+    assert line.startswith(f"jaxseg-robust tetris: error: --model {model}: {model / 'params' / 'd'}/")
+    assert "the parameter checkpoint is damaged or incomplete" in line and len(line) < 400
+    assert "Event loop is closed" not in err and not (tmp_path / "run" / "records.jsonl").exists()
+
+
+@pytest.mark.parametrize("command", [["tetris"], ["breps"], ["grid", "--kind", "click"],
+                                     ["rclicks", "--clickability", "dt"]], ids=lambda c: c[0])
+def test_a_dense_model_given_to_a_prompt_protocol_says_it_takes_no_prompts(tmp_path, capsys, command):
+    import numpy as np
+
+    from jaxseg_robust.models import store
+
+    model = tmp_path / "u2netp"
+    store.save(model, {"w": np.zeros(2)}, family="u2netp", variant="u2netp", config={})
+    folder = make_folder(tmp_path, bad=False)
+    code, _, err = run_cli([*command, "--model", str(model), *folder_flags(folder), "--out", str(tmp_path / "run"),
+                            "--progress", "none"], capsys)
+    assert code == cli.EXIT_FAILURE
+    line = _one_line(err)
+    assert line.startswith(f"jaxseg-robust {command[0]}: error: --model {model}: {model} holds a 'u2netp' model, "
+                           "a dense model (image -> per-pixel logits) that takes no prompts")
+    assert "unknown model family" not in line
+
+
+def test_a_bad_frame_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    from jaxseg_robust.commands import loading
+
+    monkeypatch.setattr(loading, "load_model", _fail_if_called)
+    folder = make_folder(tmp_path, bad=False)
+    for command in (["tetris"], ["breps"], ["grid", "--kind", "click"], ["rclicks", "--clickability", "dt"]):
+        code, _, err = run_cli([*command, "--model", "sam_tiny", *folder_flags(folder), "--frame", "round:0",
+                                "--out", str(tmp_path / "run"), "--progress", "none"], capsys)
+        assert code == cli.EXIT_FAILURE
+        assert _one_line(err) == (f"jaxseg-robust {command[0]}: error: --frame must be 'exact', 'round:N' or "
+                                  "'fixed:HxW' with positive numbers; got 'round:0'")
+        assert not (tmp_path / "run").exists()
+
+
+def test_report_of_a_missing_directory_says_it_does_not_exist(tmp_path, capsys):
+    missing = tmp_path / "nonexistent"
+    code, _, err = run_cli(["report", str(missing)], capsys)
+    assert code == cli.EXIT_FAILURE
+    assert _one_line(err) == (f"jaxseg-robust report: error: {missing} does not exist (give a run directory or a "
+                              "folder of run directories)")
+    (tmp_path / "file.txt").write_text("x")
+    code, _, err = run_cli(["report", str(tmp_path / "file.txt")], capsys)
+    assert code == cli.EXIT_FAILURE and "file.txt is not a directory" in _one_line(err)
+
+
+def test_warnings_print_as_one_line_without_a_source_path(tmp_path):
+    import subprocess
+
+    import numpy as np
+    from PIL import Image
+
+    folder = make_folder(tmp_path, bad=False)
+    noise = np.random.default_rng(5).integers(0, 256, (40, 48), dtype=np.uint8)
+    Image.fromarray(noise).save(folder / "masks" / "a1.png")  # a photo-like mask: a warning naming the file
+    script = ("import sys, warnings; from jaxseg_robust import cli; code = cli.main(sys.argv[1:]); "
+              "warnings.warn('after the command'); sys.exit(code)")
+    argv = ["tetris", "--model", "sam_tiny", "--mode", "baseline", "--n-clicks", "2", *folder_flags(folder),
+            "--out", str(tmp_path / "run"), "--progress", "none", "--frame", "exact"]
+    done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == cli.EXIT_OK, done.stderr
+    lines = done.stderr.splitlines()
+    warned = [line for line in lines if "not a two-valued mask" in line]
+    assert len(warned) == 1 and warned[0].startswith(f"warning: toy/a1: {folder / 'masks' / 'a1.png'}: not a ")
+    assert not any(".py:" in line or ": UserWarning" in line for line in lines[:-1])  # no source while it runs
+    assert lines[-1] == "<string>:1: UserWarning: after the command"  # Python's own format once it is done

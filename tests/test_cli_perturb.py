@@ -161,12 +161,16 @@ def test_rerun_resumes_and_a_broken_instance_gives_exit_1(first_run, capsys):
     assert "im9" in (out / "report" / "report.md").read_text()
 
 
-def test_max_side_is_the_shared_size_guard_and_the_record_says_so(tiny_model, tmp_path):
+def test_max_side_is_the_shared_size_guard_and_the_record_says_so(tiny_model, tmp_path, capsys):
     data = write_dataset(tmp_path / "big", 1)
     out = tmp_path / "run"
     argv = ["perturb", "--model", str(tiny_model), "--datasets", str(data), "--attacks", "padam-ce", "--out",
             str(out), "--progress", "none", "--examples", "0", "--no-report", *BUDGETS, "--max_side", "9"]
     assert main(argv) == EXIT_OK
+    printed, err = capsys.readouterr()
+    (said,) = [line for line in err.splitlines() if line.startswith("resized ")]
+    assert said.endswith(f": {HEIGHT}x{WIDTH} -> 7x9 (--max-side 9)")
+    assert printed.strip().splitlines()[-1].startswith("1 of 1 instances were resized on load")
     (record,) = read_run_records(out)
     assert record["resized"]["original_size"] == [HEIGHT, WIDTH] and record["resized"]["size"] == [7, 9]
     assert (record["payload"]["height"], record["payload"]["width"]) == (7, 9)

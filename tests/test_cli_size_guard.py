@@ -85,7 +85,7 @@ def test_run_commands_apply_the_guard_to_every_source_and_record_it(tmp_path, ca
     out = tmp_path / "run"
     argv = ["grid", "--kind", "box", "--model", "sam_tiny", *folder_flags(folder), "--out", str(out),
             "--stride", "16", "--progress", "none", "--max-side", str(WIDTH // 2)]
-    code, _, err = run_cli(argv, capsys)
+    code, stdout, err = run_cli(argv, capsys)
     assert code == cli.EXIT_OK, err
     ok, _, _ = records_by_status(out)
     assert sorted(ok) == list(GOOD)
@@ -93,6 +93,17 @@ def test_run_commands_apply_the_guard_to_every_source_and_record_it(tmp_path, ca
         assert record["resized"]["original_size"] == [HEIGHT, WIDTH]
         assert record["resized"]["size"] == [HEIGHT // 2, WIDTH // 2]
         assert record["resized"]["scale"] == [0.5, 0.5]
+    said = [line for line in err.splitlines() if line.startswith("resized ")]  # one console line per instance
+    assert said == [f"resized toy/{stem}: {HEIGHT}x{WIDTH} -> {HEIGHT // 2}x{WIDTH // 2} (--max-side {WIDTH // 2})"
+                    for stem in GOOD]
+    count = "3 of 3 instances were resized on load"
+    assert stdout.strip().splitlines()[-1].startswith(count)  # the command's final line
+    assert count in (out / "summary.md").read_text()
+    unguarded = [*argv[:-1], "0"]
+    unguarded[unguarded.index(str(out))] = str(tmp_path / "unguarded")
+    code, stdout, err = run_cli(unguarded, capsys)  # --max-side 0: no guard, nothing said
+    assert code == cli.EXIT_OK, err
+    assert "resized " not in err and "were resized" not in stdout
 
 
 def test_tetris_max_side_without_a_tetris_dataset_is_refused(tmp_path, capsys):

@@ -575,26 +575,50 @@ def test_real_datasets_via_names(real_data_dir):
 # ----------------------------------------------------------------------------- inputs people actually have
 
 
-def test_zero_one_label_masks_are_read_as_labels_and_said_once_per_dataset(tmp_path):
+def test_a_folder_rule_reads_every_file_the_same_way_and_an_empty_object_names_its_file(tmp_path):
     folder = tmp_path / "labels"
-    for index in range(3):
+    for index, values in enumerate([(1,), (1, 2, 3), (255,)]):  # 0/1 export, DAVIS palette ids, 0/255
         mask = np.zeros((6, 8), np.uint8)
-        mask[1:4, 2 + index:6] = 1  # the commonest export: object = 1, background = 0
+        for row, value in enumerate(values):
+            mask[1 + row, 2 + index:6] = value
         _save(_image(6, 8, seed=index), folder / "images" / f"m{index}.png")
         _save(mask, folder / "masks" / f"m{index}.png")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        loaded = [ref.load() for ref in load_dataset(folder)]  # default rule >128 selected nothing: failed before
-        loaded += [ref.load() for ref in load_dataset(folder)]  # loaded again: said once all the same
-    notes = [str(w.message) for w in caught if issubclass(w.category, DatasetWarning)]
-    assert len(notes) == 1 and "labels: masks hold 0/1 labels" in notes[0] and "rule >0" in notes[0]
-    assert [int((i.gt == 1).sum()) for i in loaded[:3]] == [12, 9, 6]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # an explicit rule is applied as given, without a note
-        assert int((load_dataset(folder, rule="==1")[0].load().gt == 1).sum()) == 12
-    with pytest.raises(InstanceError, match=r"no object pixel \(rule >=128; values in the file: 0, 1\)") as caught:
-        load_dataset(folder, rule=">=128")[0].load()
-    assert "allow_empty" not in str(caught.value)
+    refs = load_dataset(folder)
+    for ref, shown in zip(refs[:2], ["0, 1", "0, 1, 2, 3"]):  # no per-file switch of the default >128
+        with pytest.raises(InstanceError) as caught:
+            ref.load()
+        assert str(caught.value) == (f"labels/{ref.id}: mask {folder / 'masks' / (ref.id + '.png')} has no object "
+                                     f"pixel (rule >128; values in the file: {shown}; label or palette-id "
+                                     "masks: rule '>0')")
+    assert int((refs[2].load().gt == 1).sum()) == 2
+    assert [int((ref.load().gt == 1).sum()) for ref in load_dataset(folder, rule=">0")] == [4, 9, 2]
+    with pytest.raises(InstanceError, match=r"no object pixel \(ignore value 1; rule >0; values in the file: only 0\)"):
+        load_dataset(folder, rule=">0", ignore_value=1)[0].load()
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("grabcut", [[0, 1, 0, 0], [-1, 1, 0, 1]]),   # RITM grabcut.py: 128 -> -1, > 128 -> 1, 1 stays 1, else 0
+    ("berkeley", [[0, 1, 0, 0], [-1, 1, 0, 1]]),  # berkeley.py: GrabCutDataset with images/ + masks/
+    ("davis", [[0, 1, 1, 1], [1, 1, 1, 1]]),      # davis.py: max over B, G, R > 0 -> 1
+    ("coco_mval", [[0, 1, 1, 1], [1, 1, 1, 1]]),  # RITM's COCO_MVAL_PATH is read by DavisDataset
+])
+def test_each_benchmark_kind_reads_label_and_palette_values_by_its_own_rule(tmp_path, kind, expected):
+    values = np.array([[0, 1, 2, 3], [128, 200, 100, 1]], np.uint8)  # 0/1 labels, palette ids and grey together
+    folder = tmp_path / kind
+    _save(_image(2, 4), folder / "images" / "a.png")
+    _save(values, folder / "masks" / "a.png")
+    np.testing.assert_array_equal(load_dataset(kind, tmp_path)[0].load().gt, expected)
+
+
+def test_the_tetris_kind_reads_each_packed_id_as_one_object(tmp_path):
+    ids = np.array([[0, 1, 1, 3], [2, 2, 0, 3]], np.uint8)  # palette-like ids 1..3 in the red channel
+    packed = np.stack([ids, np.zeros_like(ids), np.zeros_like(ids)], axis=-1)
+    _save(_image(2, 4), tmp_path / "tetris" / "images" / "a.png")
+    _save(packed, tmp_path / "tetris" / "masks" / "a.png")
+    refs = load_dataset("tetris", tmp_path)
+    assert [ref.id for ref in refs] == ["a#1", "a#2", "a#3"]
+    for ref, object_id in zip(refs, (1, 2, 3)):
+        np.testing.assert_array_equal(ref.load().gt, ids == object_id)
 
 
 @pytest.mark.parametrize("kind", ["folder", "grabcut", "davis"])

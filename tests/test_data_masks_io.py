@@ -119,17 +119,20 @@ def test_examples_are_deterministic_and_varied(tmp_path):
     np.testing.assert_array_equal(read_mask(pred_dir / f"{first[0].name}.png"), first[0].pred)
 
 
-def test_checked_reading_of_label_masks_ignore_values_and_off_values(tmp_path):
-    from jaxseg_robust.data.masks_io import off_value_fraction, read_mask_checked, resolve_rule
+def test_checked_reading_applies_one_rule_to_label_masks_ignore_values_and_off_values(tmp_path):
+    from jaxseg_robust.data.masks_io import empty_mask_hint, off_value_fraction, read_mask_checked
 
     labels = np.array([[0, 1, 1], [0, 255, 1]], np.uint8)  # 0/1 labels with an ignore value 255
     Image.fromarray(labels).save(tmp_path / "l.png")
     reading = read_mask_checked(tmp_path / "l.png", ">128", ignore_value=255)
-    assert reading.label_mask and str(reading.rule) == ">0" and reading.warning is None
+    assert str(reading.rule) == ">128" and reading.warning is None and not reading.foreground.any()
+    assert empty_mask_hint(reading.values, reading.rule, reading.valid) == (
+        "rule >128; values in the file: 0, 1; label or palette-id masks: rule '>0'")
+    reading = read_mask_checked(tmp_path / "l.png", ">0", ignore_value=255)
     np.testing.assert_array_equal(reading.foreground, [[False, True, True], [False, False, True]])
     np.testing.assert_array_equal(reading.valid, labels != 255)
-    assert resolve_rule(labels, "==1") == (MaskRule("==", 1), False)  # an explicit rule stays
-    assert resolve_rule(np.zeros((2, 2), np.uint8), ">128")[1] is False  # blank: not a label mask
+    assert empty_mask_hint(np.zeros((2, 2), np.uint8), ">128") == "rule >128; values in the file: only 0"
+    assert empty_mask_hint(np.array([[0, 100]]), ">128") == "rule >128; values in the file: 0, 100"  # no label hint
     ringing = np.where(np.arange(100)[:, None] < 50, 0, 255).repeat(100, 1).astype(np.uint8)
     ringing[48:52] = [[30], [60], [200], [230]]  # JPEG-like values next to 0 / 255: within a quarter gap
     assert off_value_fraction(ringing)[0] == 0.0

@@ -124,7 +124,7 @@ def test_sizes_of_one_width_share_a_bucket_and_a_compilation(tmp_path, capsys):
     assert code == cli.EXIT_OK and scores_fn._cache_size() == compiled
 
 
-def test_empty_masks_give_nan_and_a_rule_hint(tmp_path, capsys):
+def test_an_empty_gt_is_skipped_by_name_and_an_empty_prediction_gets_a_rule_hint(tmp_path, capsys):
     gt_dir, pred_dir = tmp_path / "gt", tmp_path / "pred"
     gt_dir.mkdir()
     pred_dir.mkdir()
@@ -134,30 +134,39 @@ def test_empty_masks_give_nan_and_a_rule_hint(tmp_path, capsys):
     save(pred_dir / "zero_three.png", blob(5, 5), scale=3)  # 0/3 file: empty under '>128'
     out_csv = tmp_path / "s.csv"
     code, out, err = run([str(gt_dir), str(pred_dir), "--out", str(out_csv)], capsys)
-    assert code == cli.EXIT_OK
+    assert code == cli.EXIT_PARTIAL
     assert "zero_three.png: pred mask is empty under rule '>128'" in err and "--pred-rule" in err
+    skipped = [line for line in err.splitlines() if line.startswith("skipped: ")]
+    assert skipped == [f"skipped: {gt_dir / 'empty.png'}: GT mask has no object pixel (--gt-rule >128; "
+                       "values in the file: only 0); not scored"]
     rows = {row["name"]: row for row in read_csv(out_csv)}
-    assert math.isnan(float(rows["empty"]["iou"])) and float(rows["zero_three"]["iou"]) == 0.0
-    assert "IoU 0.0000 (1 undefined)" in out
+    assert list(rows) == ["zero_three"] and float(rows["zero_three"]["iou"]) == 0.0  # the empty GT is no 0 or NaN
+    assert "scored 1, skipped 1; mean IoU 0.0000," in out
     code, _, _ = run([str(gt_dir), str(pred_dir), "--out", str(out_csv), "--pred-rule", "!=0"], capsys)
-    assert float(read_csv(out_csv)[1]["iou"]) == 1.0
+    assert float(read_csv(out_csv)[0]["iou"]) == 1.0
 
 
-def test_zero_one_label_masks_are_read_as_labels_and_said_once(tmp_path, capsys):
+@pytest.mark.parametrize("values", [(0, 1), (0, 1, 2, 3)], ids=["zero_one", "palette_ids"])
+def test_one_rule_reads_every_file_and_label_masks_fail_by_name(tmp_path, capsys, values):
     gt_dir, pred_dir = tmp_path / "gt", tmp_path / "pred"
     gt_dir.mkdir()
     pred_dir.mkdir()
-    for name, top in (("a", 5), ("b", 9)):
-        save(gt_dir / f"{name}.png", blob(top, 5), scale=1)  # 0/1 label exports on both sides
-        save(pred_dir / f"{name}.png", blob(top, 5), scale=1)
+    labels = np.zeros((HEIGHT, WIDTH), np.uint8)
+    for index, value in enumerate(values[1:]):  # one object per non-zero id (DAVIS palette ids 1..3)
+        labels[4 + 8 * index: 10 + 8 * index, 5:20] = value
+    save(gt_dir / "labels.png", labels, scale=1)
+    save(pred_dir / "labels.png", labels > 0)
+    save(gt_dir / "white.png", blob(5, 5))  # a 0/255 file next to it: read by the same rule
+    save(pred_dir / "white.png", blob(5, 5))
     out_csv = tmp_path / "s.csv"
-    code, _, err = run([str(gt_dir), str(pred_dir), "--out", str(out_csv)], capsys)
-    assert code == cli.EXIT_OK
-    assert [float(row["iou"]) for row in read_csv(out_csv)] == [1.0, 1.0]  # were 0.0 / NaN (empty masks)
-    assert err.count("gt masks hold 0/1 labels: read as object = 1") == 1
-    assert err.count("pred masks hold 0/1 labels") == 1 and "--pred-rule" in err
-    code, _, err = run([str(gt_dir), str(pred_dir), "--out", str(out_csv), "--pred-rule", ">=1"], capsys)
-    assert "pred masks hold 0/1" not in err and "gt masks hold 0/1" in err  # an explicit rule is applied as given
+    code, out, err = run([str(gt_dir), str(pred_dir), "--out", str(out_csv)], capsys)
+    assert code == cli.EXIT_PARTIAL and [row["name"] for row in read_csv(out_csv)] == ["white"]
+    shown = ", ".join(str(v) for v in values)
+    assert (f"skipped: {gt_dir / 'labels.png'}: GT mask has no object pixel (--gt-rule >128; values in the file: "
+            f"{shown}; label or palette-id masks: --gt-rule '>0'); not scored") in err.splitlines()
+    code, _, err = run([str(gt_dir), str(pred_dir), "--out", str(out_csv), "--gt-rule", ">0"], capsys)
+    assert code == cli.EXIT_OK, err
+    assert [float(row["iou"]) for row in read_csv(out_csv)] == [1.0, 1.0]  # every id is object, as DAVIS
 
 
 def test_a_photo_or_noise_as_a_mask_is_scored_with_a_warning_naming_it(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import sys
 
 import jax
 import numpy as np
@@ -72,3 +73,50 @@ def test_load_rejects_params_that_do_not_match_the_config(tmp_path):
     store.save(out, model.params, family="sam", variant="tiny", config=wider.to_dict())
     with pytest.raises(store.StoreError, match="prompt_encoder/mask_downscaling"):
         zoo.load(out)
+
+
+def test_dense_families_are_those_of_the_dense_modules_and_are_refused_by_name(tmp_path):
+    from jaxseg_robust.models.dense import deeplabv3, semseg, u2net, upernet
+
+    assert set(zoo.DENSE_FAMILIES) == {m.FAMILY for m in (u2net, deeplabv3, semseg, upernet)}
+    out = tmp_path / "u2netp"
+    store.save(out, {"w": np.zeros(2)}, family="u2netp", variant="u2netp", config={})
+    with pytest.raises(store.StoreError) as caught:
+        zoo.load_params(out)
+    assert str(caught.value).startswith(f"{out} holds a 'u2netp' model, a dense model (image -> per-pixel logits) "
+                                        "that takes no prompts")
+
+
+def _damage(path: pathlib.Path, how: str) -> None:
+    for file in sorted(path.iterdir()) if path.is_dir() else [path]:
+        data = file.read_bytes()
+        file.write_bytes(data[: len(data) // 2] if how == "truncate" else b"garbled" * 5)
+
+
+@pytest.mark.parametrize("part, how, named", [
+    ("params/_METADATA", "truncate", "params"),
+    ("params/manifest.ocdbt", "garble", "params/manifest.ocdbt"),
+    ("params/d", "garble", "params/d/"),
+    ("params/d", "truncate", "params/d/"),
+])
+def test_a_damaged_checkpoint_is_one_line_naming_the_file(tmp_path, part, how, named):
+    out = tmp_path / "model"
+    store.save(out, {"a": {"w": np.ones((64, 64))}, "b": np.zeros(3)}, family="sam", variant="x", config={})
+    _damage(out / part, how)
+    before = sys.unraisablehook
+    with pytest.raises(store.StoreError) as caught:
+        store.load(out)
+    assert sys.unraisablehook is before  # the quiet hook is load's only
+    message = str(caught.value)
+    assert message.startswith(str(out / named)) and "\n" not in message and len(message) < 300
+    assert "the parameter checkpoint is damaged or incomplete" in message and "python -m ports" in message
+
+
+def test_the_quiet_hook_drops_only_the_closed_event_loop():
+    import types
+
+    seen = []
+    hook = store.quiet_closed_loop_hook(seen.append)
+    for error in (RuntimeError("Event loop is closed"), RuntimeError("other"), ValueError("Event loop is closed")):
+        hook(types.SimpleNamespace(exc_value=error))
+    assert [str(u.exc_value) for u in seen] == ["other", "Event loop is closed"]

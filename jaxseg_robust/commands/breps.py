@@ -1,4 +1,4 @@
-"""`jaxseg-robust breps`: BREPS box robustness of a SAM-family model on benchmark datasets.
+"""`jaxseg-robust breps`: BREPS box robustness of a model that takes boxes (SAM, MobileSAM, SAM 2, SAM-HQ).
 
 Protocols (``--mode``; docs/protocols/breps.md §4, defaults = the reference code):
   minmax  (default) the MIN and the MAX box attacks on one embedding per image:
@@ -82,9 +82,10 @@ arguments / nothing could be run.
 def register(subparsers) -> None:
     """Adds the ``breps`` sub-command."""
     _, group = add_protocol_parser(
-        subparsers, COMMAND, summary="BREPS adversarial / tight / jittered / user boxes for SAM-family models",
+        subparsers, COMMAND, summary="BREPS adversarial / tight / jittered / user boxes for box-prompted models",
         description="BREPS box-prompt robustness (adversarial MIN/MAX boxes, tight, jittered and real user "
-                    "boxes) of a SAM-family model on RITM-style datasets or any image/mask folder.",
+                    "boxes) of a model that takes box prompts (SAM, MobileSAM, SAM 2, SAM-HQ; click-map "
+                    "models such as RITM take clicks only) on RITM-style datasets or any image/mask folder.",
         epilog=EPILOG, default_batch_size=DEFAULT_BATCH_SIZE, group_title="BREPS protocol", run=run)
     add_mode_flag(group, MODES)
     add_attack_step_flags(group, n_opt_steps=50, first_iterate="per attack: the tight box", lr_mult=9.0,
@@ -97,7 +98,7 @@ def register(subparsers) -> None:
              help="the paper's variant: order and clip the box to the image after every update "
                   "(default: the code's raw box)")
     add_flag(group, "--no-trajectory", action="store_true",
-             help="do not store the per-step boxes, losses and IoUs in the records")
+             help="do not store the per-step boxes, losses and IoUs in the records (default: stored)")
     add_flag(group, "--box-frame", choices=("evaluation", "resized"), default="evaluation",
              help="tight/jitter/user-box-masks: draw boxes in the image frame or, as the reference "
                   "scripts, in SAM's 1024-resized frame (default %(default)s)")
@@ -108,9 +109,10 @@ def register(subparsers) -> None:
     group.add_argument("--seed", type=int, default=42,
                        help="jitter: Python random seed, reset for every image as the reference (default %(default)s)")
     add_flag(group, "--user-boxes", default=None, metavar="CSV",
-             help="user mode: CSV image_id,x1,y1,x2,y2[,user] in image pixels")
+             help="user mode: CSV image_id,x1,y1,x2,y2[,user] in image pixels (default: none; user mode needs "
+                  "it or --user-box-masks)")
     add_flag(group, "--user-box-masks", default=None, metavar="DIR",
-             help="user mode: folder of BREPS prompt PNGs <image stem>_1_<user>.png")
+             help="user mode: folder of BREPS prompt PNGs <image stem>_1_<user>.png (default: none)")
 
 
 # ---- validation and configuration ---------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jaxseg_robust.commands.flags import DEVICE_EPILOG
 from jaxseg_robust.data.coco_instances import COCO_EXTRA_HINT, CocoFormatError
 from jaxseg_robust.evaluation.instances import DATASETS, IOU_TYPES, InstanceEvalConfig, evaluate_instances
 from jaxseg_robust.evaluation.mask_counts import MASK_PATHS, device_summary, uses_runs
@@ -34,10 +35,9 @@ examples:
 iou types: segm = mask AP; boundary = Boundary AP (min of mask IoU and Boundary IoU, plain mask IoU
 against crowd regions; boundary width = dilation ratio x image diagonal, 0.02 as the official API).
 Ground-truth polygons need pycocotools: {COCO_EXTRA_HINT}.
-Device: boundary bands and counts run on JAX's device (an installed accelerator by default;
-JAX_PLATFORMS=cpu|cuda|tpu picks one); segm counts come from the run lengths on the host.
+Boundary bands and counts run on JAX's device; segm counts come from the run lengths on the host.
 exit codes: 0 done, 2 bad arguments or input.
-"""
+""" + DEVICE_EPILOG + "\n"
 
 
 def register(subparsers) -> None:
@@ -52,16 +52,21 @@ def register(subparsers) -> None:
     parser.add_argument("--results", required=True, metavar="RES.json", help="detection results (RLE masks, scores)")
     parser.add_argument("--iou-type", choices=IOU_TYPES, default="segm", help="segm or boundary (default %(default)s)")
     parser.add_argument("--dataset", choices=DATASETS, default="coco",
-                        help="coco (COCOeval) or lvis (LVISEval: federated, 300 per image, APr/APc/APf)")
+                        help="coco (COCOeval) or lvis (LVISEval: federated, 300 per image, APr/APc/APf; "
+                             "default %(default)s)")
     parser.add_argument("--dilation-ratio", type=float, default=DEFAULT_DILATION_RATIO,
                         help="boundary width as a fraction of the image diagonal (default %(default)s)")
-    parser.add_argument("--out", metavar="FILE.csv", help="write metric,value rows here (+ .per_category.csv, .md)")
-    parser.add_argument("--per-category", action="store_true", help="also print the per-category AP table")
-    parser.add_argument("--batch-size", type=int, default=64, metavar="MASKS", help="masks per device call")
-    parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto", help="progress display on stderr")
+    parser.add_argument("--out", metavar="FILE.csv",
+                        help="write metric,value rows here (+ .per_category.csv, .md; default: printed only)")
+    parser.add_argument("--per-category", action="store_true",
+                        help="also print the per-category AP table (default: the summary only)")
+    parser.add_argument("--batch-size", type=int, default=64, metavar="MASKS",
+                        help="masks per device call (default %(default)s)")
+    parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                        help="progress display on stderr (default %(default)s)")
     parser.add_argument("--mask-path", choices=MASK_PATHS, default="auto",
                         help="segm pixel counts: from the run lengths on the host (auto, runs) or as packed bits "
-                             "on the JAX device (device); boundary always uses the device")
+                             "on the JAX device (device); boundary always uses the device (default %(default)s)")
     parser.set_defaults(func=run)
 
 

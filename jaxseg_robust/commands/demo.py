@@ -126,7 +126,8 @@ def register(subparsers) -> None:
     parser.add_argument("--size", choices=tuple(SIZES), default="full", help="amount of work (default %(default)s)")
     parser.add_argument("--untrained-model", action="store_true",
                         help=f"use the random-weight test model {UNTRAINED_MODEL} instead of the demonstration "
-                             "model (when its weights are not installed; the numbers are meaningless)")
+                             "model (when its weights are not installed; the numbers are meaningless; default: "
+                             "the demonstration model)")
     add_plot_instances(parser)
     parser.add_argument("--progress", choices=("auto", "tqdm", "plain", "none"), default="auto",
                         help="progress display of the sub-runs (default %(default)s)")

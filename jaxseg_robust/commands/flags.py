@@ -22,6 +22,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
+from jaxseg_robust.data.masks_io import DEFAULT_RULE
 from jaxseg_robust.data.size_guard import DEFAULT_MAX_SIDE
 
 FRAME_HELP = ("padded frame of each batch: 'exact' (one compile per image size), 'round:N' (H and W "
@@ -30,7 +31,8 @@ FRAME_HELP = ("padded frame of each batch: 'exact' (one compile per image size),
 MAX_SIDE_HELP = ("size guard: images whose longest side exceeds PX are downsized on load, aspect kept (Pillow "
                  "bilinear; masks nearest), for every data source; memory grows ~550 bytes per pixel (a 4000x3000 "
                  "image: 7.8 GB unguarded, 3.0 GB peak with the default %(default)s, 1.7 GB with 1024). "
-                 "A resized instance's record says so: "
+                 "A resized instance is said on stderr (one line: its name, both sizes), counted at the end "
+                 "of the run and in summary.md, and its record says so: "
                  "\"resized\": original_size [H0, W0], size [h, w], scale; results are in the resized frame "
                  "(x0 = (x + 0.5) * W0 / w - 0.5, masks resized back nearest). 0 = no guard. TETRIS: applied "
                  "after the protocol's own cap (--tetris-max-side)")
@@ -111,12 +113,15 @@ def add_model_arguments(parser, *, required: bool = True, what: str = "") -> Non
     """
     group = parser.add_argument_group("model")
     group.add_argument("--model", required=required, metavar="NAME_OR_DIR",
-                       help="zoo name (e.g. sam_vit_b, mobile_sam, sam_hq_vit_b; converted weights in "
-                            f"$JAXSEG_ROBUST_MODELS) or a directory made by `python -m ports`{what}")
+                       help="zoo name (e.g. sam_vit_b, mobile_sam, sam2.1_hiera_large, sam_hq_vit_b, "
+                            "ritm_hrnet32_cocolvis, simpleclick_vit_b, cfr_icl_vit_h; converted weights in "
+                            f"$JAXSEG_ROBUST_MODELS) or a directory made by `python -m ports`{what}"
+                            + ("" if required else " (default: none)"))
     group.add_argument(*flag_spellings("--random-weights"), "--random-init", dest="random_weights", nargs="?",
                        type=non_negative_int, const=0, default=None, metavar="SEED",
-                       help="use seeded random weights (smoke tests, benchmarks); automatic for test models "
-                            "without official weights (sam_tiny, ...); --random-init is the old spelling")
+                       help="use seeded random weights (smoke tests, benchmarks; SEED default %(const)s); automatic "
+                            "for test models without official weights (sam_tiny, ...); --random-init is the old "
+                            "spelling (default: the converted weights)")
     add_flag(group, "--compute-dtype", choices=("float32", "bfloat16"), default=None,
              help="image-encoder compute dtype (default: the model's, float32)")
 
@@ -128,17 +133,20 @@ def add_dataset_arguments(parser) -> None:
     group.add_argument("--datasets", default=None, metavar="A,B,...",
                        help="RITM-style benchmark folders under --data-root: grabcut, berkeley, davis, "
                             "coco_mval, tetris (case and '_'/'-' ignored: GrabCut,COCO_MVal); an entry that "
-                            "is an existing folder is read as the benchmark its name says or as images/ + masks/")
+                            "is an existing folder is read as the benchmark its name says or as images/ + masks/ "
+                            "(default: none; give it and/or --folder)")
     add_flag(group, "--data-root", default=None, metavar="DIR",
              help="folder holding the dataset folders (default $JAXSEG_ROBUST_DATA)")
     group.add_argument("--folder", nargs=2, action="append", default=[], metavar=("IMAGES", "MASKS"),
                        help="any folder of images and a folder of masks matched by file stem (repeatable); "
-                            "the dataset is named after the images folder's parent")
-    add_flag(group, "--mask-rule", default=">128",
-             help="--folder masks: foreground rule on the pixel value ('>N', '>=N', '==N', '!=N'; "
-                  "default %(default)s)")
+                            "the dataset is named after the images folder's parent (default: none)")
+    add_flag(group, "--mask-rule", default=DEFAULT_RULE,
+             help="--folder masks: foreground rule on the pixel value ('>N', '>=N', '==N', '!=N'), applied to "
+                  "every mask the same way (default %(default)s: 0/255, JPEG and soft masks; 0/1 label masks and "
+                  "DAVIS palette ids need '>0'); a mask it leaves empty is a failed instance naming the file")
     add_flag(group, "--mask-ignore", type=int, default=None, metavar="VALUE",
-             help="--folder masks: pixel value marking ignored pixels (e.g. 128)")
+             help="--folder masks: pixel value marking ignored pixels (e.g. 128; default: none, every pixel "
+                  "counts)")
     add_flag(group, "--on-bad-pair", choices=ON_BAD_PAIR_CHOICES, default="fail",
              help="an unreadable or unmatched file: record its instance as failed (default), skip it, or stop")
     add_flag(group, "--tetris-max-side", type=non_negative_int, default=None, metavar="PX",
@@ -146,7 +154,7 @@ def add_dataset_arguments(parser) -> None:
                   "OpenCV-exact bilinear resizing as the authors' loaders (default 1024 as BREPS, rclicks 2048 "
                   "as RClicks; 0 = original size); --max-side still guards the result")
     group.add_argument("--limit", type=positive_int, default=None, metavar="N",
-                       help="only the first N instances of each dataset")
+                       help="only the first N instances of each dataset (default: all)")
     add_flag(group, "--max-side", type=non_negative_int, default=DEFAULT_MAX_SIDE, metavar="PX", help=MAX_SIDE_HELP)
 
 
@@ -162,9 +170,11 @@ def add_run_arguments(parser, *, default_batch_size: int, default_frame: str | N
         group.add_argument("--frame", default=default_frame, help=FRAME_HELP)
     group.add_argument("--progress", choices=PROGRESS_CHOICES, default="auto",
                        help="progress display (default %(default)s: a tqdm bar when installed)")
-    add_flag(group, "--retry-failed", action="store_true", help="rerun instances recorded as failed")
+    add_flag(group, "--retry-failed", action="store_true",
+             help="rerun instances recorded as failed (default: a resumed run keeps their failure)")
     add_flag(group, "--allow-manifest-mismatch", action="store_true",
-             help="resume into a run directory made with other settings (differences are logged)")
+             help="resume into a run directory made with other settings (differences are logged; default: "
+                  "refused)")
     add_flag(group, "--abort-after", type=positive_int, default=32, metavar="N",
              help="stop after N instances in a row fail in the model (a systematic error; default %(default)s)")
     add_process_arguments(parser)
@@ -177,11 +187,13 @@ def add_process_arguments(parser) -> None:
                      "instances it owns and appends to its own records.process<I>.jsonl; any rerun resumes)")
     add_flag(processes, "--distributed", action="store_true",
              help="call jax.distributed.initialize() first (multi-host; the cluster is detected from the "
-                  "environment, e.g. SLURM or Cloud TPU); the share is this process's jax.process_index()")
+                  "environment, e.g. SLURM or Cloud TPU); the share is this process's jax.process_index() "
+                  "(default: one process, or the --process-index share)")
     add_flag(processes, "--process-index", type=non_negative_int, default=None, metavar="I",
-             help="without jax.distributed: this job's share I of --process-count independent jobs")
+             help="without jax.distributed: this job's share I of --process-count independent jobs "
+                  "(default: the whole run)")
     add_flag(processes, "--process-count", type=positive_int, default=None, metavar="N",
-             help="number of independent jobs splitting the run (with --process-index)")
+             help="number of independent jobs splitting the run (with --process-index; default: one job)")
 
 
 def add_common_arguments(parser, *, default_batch_size: int, default_frame: str = "round:64") -> None:

@@ -85,10 +85,11 @@ def register(subparsers) -> None:
 
     _, group = add_protocol_parser(
         subparsers, COMMAND, summary="exhaustive click / box grids: IoU heatmaps over prompt positions and sizes",
-        description="Exhaustive prompt grids of a SAM-family model: the IoU of a click at every grid "
-                    "position (TETRIS) or of every centred box size (BREPS), with min / max per instance.",
+        description="Exhaustive prompt grids of a promptable model: the IoU of a click at every grid "
+                    "position (TETRIS; SAM, MobileSAM, SAM 2, SAM-HQ, RITM, SimpleClick, CFR-ICL) or of every "
+                    "centred box size (BREPS; models that take boxes), with min / max per instance.",
         epilog=EPILOG, default_batch_size=DEFAULT_BATCH_SIZE, group_title="grid", run=run)
-    group.add_argument("--kind", choices=KINDS, required=True, help="click positions or centred box sizes")
+    group.add_argument("--kind", choices=KINDS, required=True, help="click positions or centred box sizes (required)")
     group.add_argument("--stride", type=positive_int, default=grid.DEFAULT_STRIDE,
                        help="grid step in pixels (positions, or box heights / widths; default %(default)s)")
     add_flag(group, "--chunk-size", type=positive_int, default=grid.DEFAULT_CHUNK_SIZE,
@@ -106,7 +107,8 @@ def register(subparsers) -> None:
                         help="multimask output + argmax predicted IoU (default for clicks)")
     output.add_argument("--single-mask", dest="multimask", action="store_false",
                         help="single-mask output (default for boxes, as comp_hw.py)")
-    add_flag(group, "--no-corner-heatmap", action="store_true", help="box grid: skip the corner heatmap")
+    add_flag(group, "--no-corner-heatmap", action="store_true",
+             help="box grid: skip the corner heatmap (default: drawn)")
 
 
 def check_arguments(args) -> bool:

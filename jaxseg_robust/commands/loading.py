@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import sys
 import warnings
 from collections.abc import Sequence
 
@@ -211,7 +212,7 @@ def load_instances(args) -> list:
       CommandError: no dataset given, unknown names, missing folders, a dataset
         listed twice, bad mask rules.
     """
-    from jaxseg_robust.data.datasets import DatasetWarning, guard_size  # noqa: PLC0415
+    from jaxseg_robust.data.datasets import ON_BAD_PAIR_HINT, DatasetWarning, guard_size  # noqa: PLC0415
 
     if not args.datasets and not getattr(args, "folder", None):
         raise CommandError("give --datasets NAMES and/or --folder IMAGES MASKS")
@@ -225,7 +226,7 @@ def load_instances(args) -> list:
     except CommandError:
         raise
     except ValueError as error:  # DatasetError is a ValueError
-        raise CommandError(str(error)) from None
+        raise CommandError(str(error).replace(ON_BAD_PAIR_HINT, "--on-bad-pair skip or fail to go on")) from None
     listed = [name for name, _ in groups]
     duplicated = sorted({name for name in listed if listed.count(name) > 1})
     if duplicated:
@@ -237,7 +238,27 @@ def load_instances(args) -> list:
     instances = guard_size(instances, getattr(args, "max_side", DEFAULT_MAX_SIDE))
     if not instances:
         raise CommandError("the datasets hold no instances")
+    for line in resize_lines(instances):
+        print(line, file=sys.stderr)
     return instances
+
+
+def resize_lines(instances: Sequence) -> list[str]:
+    """One console line per instance the size guard or the TETRIS cap downsizes, naming it and both sizes.
+
+    E.g. ``resized DAVIS/bear: 2160x3840 -> 1152x2048 (--max-side 2048)``; the record's ``"resized"``
+    field says the same (`jaxseg_robust.data.size_guard.ResizedInstanceRef`).
+    """
+    from jaxseg_robust.data.instances import instance_name  # noqa: PLC0415
+    from jaxseg_robust.data.size_guard import TETRIS_CAP_METHOD, ResizedInstanceRef  # noqa: PLC0415
+
+    lines = []
+    for ref in instances:
+        if isinstance(ref, ResizedInstanceRef):
+            flag = "--tetris-max-side" if ref.method == TETRIS_CAP_METHOD else "--max-side"
+            lines.append(f"resized {instance_name(ref.dataset, ref.id)}: {ref.original_height}x{ref.original_width}"
+                         f" -> {ref.height}x{ref.width} ({flag} {ref.max_side})")
+    return lines
 
 
 def dataset_names(instances: Sequence) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jaxseg_robust.commands.flags import DEVICE_EPILOG
 from jaxseg_robust.data.coco_instances import CocoFormatError
 from jaxseg_robust.evaluation.mask_counts import device_summary
 from jaxseg_robust.evaluation.panoptic import IOU_TYPES, PanopticEvalConfig, evaluate_panoptic
@@ -32,9 +33,8 @@ examples:
 
 iou types: segm = PQ; boundary = Boundary PQ (matching at > 0.5 and SQ on the min of mask IoU and
 Boundary IoU; boundary width = dilation ratio x image diagonal, 0.02 as the official API).
-Device: JAX uses an installed accelerator by default; JAX_PLATFORMS=cpu|cuda|tpu picks one.
 exit codes: 0 done, 2 bad arguments or input.
-"""
+""" + DEVICE_EPILOG + "\n"
 
 
 def register(subparsers) -> None:
@@ -51,8 +51,10 @@ def register(subparsers) -> None:
     parser.add_argument("--iou-type", choices=IOU_TYPES, default="segm", help="segm or boundary (default %(default)s)")
     parser.add_argument("--dilation-ratio", type=float, default=DEFAULT_DILATION_RATIO,
                         help="boundary width as a fraction of the image diagonal (default %(default)s)")
-    parser.add_argument("--out", metavar="FILE.csv", help="write metric,value rows here (+ .per_category.csv, .md)")
-    parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto", help="progress display on stderr")
+    parser.add_argument("--out", metavar="FILE.csv",
+                        help="write metric,value rows here (+ .per_category.csv, .md; default: printed only)")
+    parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                        help="progress display on stderr (default %(default)s)")
     parser.set_defaults(func=run)
 
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from jaxseg_robust.exit_codes import EXIT_OK
 from jaxseg_robust.commands.flags import (
+    DEVICE_EPILOG,
     CommandError,
     add_dataset_arguments,
     add_flag,
@@ -58,7 +59,13 @@ from jaxseg_robust.commands.flags import (
     positive_int,
 )
 from jaxseg_robust.commands.loading import load_instances
-from jaxseg_robust.commands.running import report_error, run_protocol, start_processes, timed_finalize_of
+from jaxseg_robust.commands.running import (
+    report_error,
+    resized_line,
+    run_protocol,
+    start_processes,
+    timed_finalize_of,
+)
 from jaxseg_robust.runner.engine import recorded_counts
 
 ATTACK_GROUPS = {
@@ -92,7 +99,7 @@ attacks: padam-ce, padam-cos (or padam), sea (= sea-mce, sea-bce, sea-jsd, sea-m
 --data-root / $JAXSEG_ROBUST_DATA, or folders with images/ + masks/ (mask rule --mask-rule).
 Rerunning the same command resumes; a changed config is refused unless --allow-manifest-mismatch.
 exit codes: 0 every instance ok, 1 some instances failed (listed), 2 bad arguments / nothing ran.
-"""
+""" + DEVICE_EPILOG + "\n"
 
 
 def register(subparsers) -> None:
@@ -107,7 +114,8 @@ def register(subparsers) -> None:
     add_dataset_arguments(parser)
     semantic = parser.add_argument_group("semantic-segmentation datasets (the paper's protocol)")
     semantic.add_argument("--dataset", choices=SEMANTIC_DATASETS, default=None,
-                          help="PASCAL VOC 2012 or Cityscapes under --data-root (instead of --datasets)")
+                          help="PASCAL VOC 2012 or Cityscapes under --data-root (instead of --datasets; default: "
+                               "none, the --datasets / --folder masks)")
     semantic.add_argument("--split", default="val", help="dataset split (default %(default)s)")
     semantic.add_argument("--resize", default=None, metavar="RULE",
                           help="shorter:N, longer:N, fixed:HxW or none (default: the paper's, VOC shorter:512, "
@@ -121,12 +129,15 @@ def register(subparsers) -> None:
     group.add_argument("--attacks", default=DEFAULT_ATTACKS, help="comma list (default %(default)s; or 'all')")
     group.add_argument("--eps", default="8/255", help="L∞ radius in image units, e.g. 8/255 or 0.03 (default %(default)s)")
     group.add_argument("--labels", choices=LABEL_MODES, default="gt",
-                       help="score against the GT masks (binary models) or the model's clean prediction")
+                       help="score against the GT masks (binary models) or the model's clean prediction "
+                            "(default %(default)s)")
     add_flag(group, "--single-mask", action="store_true",
-             help="SAM-family: single-mask output instead of the best of 3 by predicted IoU")
+             help="SAM-family: single-mask output instead of the best of 3 by predicted IoU (default: the best "
+                  "of 3)")
     add_flag(group, "--void-policy", choices=("ignore", "as_background"), default=None,
              help="max-damage attacks on void pixels (default: as_background for --dataset voc, else ignore)")
-    add_flag(group, "--sea-schedule", choices=("progressive", "single"), default="progressive")
+    add_flag(group, "--sea-schedule", choices=("progressive", "single"), default="progressive",
+             help="SEA's loss schedule: progressive (the paper's three phases) or single (default %(default)s)")
     add_flag(group, "--msl-track", choices=("masked", "unmasked"), default=None,
              help="SEA-MSL tracked loss (default: follow --sea-schedule; docs §8.2 #2)")
     add_flag(group, "--alma-lr-init", type=positive_float, default=1e-4,
@@ -135,17 +146,19 @@ def register(subparsers) -> None:
              help="the clean image as the first candidate of the worst case (default on)")
     add_flag(group, "--select-with-background", choices=SELECTION_CHOICES, default="auto",
              help="worst-case selection score: each metric variant's own (auto), or always the with- / "
-                  "without-background score")
+                  "without-background score (default %(default)s)")
     add_flag(group, "--reference-quirks", action=argparse.BooleanOptionalAction, default=True,
              help="reproduce the reference code's SEA start-accuracy and ALMA derivative quirks (default on)")
     for flag, default in (("--padam-steps", 200), ("--sea-iterations", 300), ("--dag-iterations", 200),
                           ("--alma-steps", 500), ("--pdpgd-steps", 500)):
         add_flag(group, flag, type=positive_int, default=default, help="(default %(default)s)")
-    group.add_argument("--seed", type=int, default=0, help="base PRNG seed of the random starts")
+    group.add_argument("--seed", type=int, default=0, help="base PRNG seed of the random starts (default %(default)s)")
     add_flag(group, "--examples", type=non_negative_int, default=4,
              help="instances whose images are saved for the report (default %(default)s)")
-    add_flag(group, "--no-report", action="store_true", help="do not write RUN_DIR/report")
-    add_flag(group, "--report-only", action="store_true", help="only rebuild the report of --out")
+    add_flag(group, "--no-report", action="store_true",
+             help="do not write RUN_DIR/report (default: written after the run)")
+    add_flag(group, "--report-only", action="store_true",
+             help="only rebuild the report of --out (default: run the battery, then report)")
     parser.set_defaults(func=run)
 
 
@@ -448,6 +461,9 @@ def run(args) -> int:
 
     print(f"perturb: {format_compile_summary(compiled)}")
     _report(out, write=not args.no_report)
+    resized = resized_line(out)
+    if resized is not None:
+        print(resized)
     if recorded_counts(out)["ok"] == 0:
         return report_error(COMMAND, "no instance could be processed")
     return summary.exit_code

@@ -46,7 +46,7 @@ clickability_model.pth --out DIR`, the zoo name rclicks_clickability (weights in
 $JAXSEG_ROBUST_MODELS), or the baselines dt (distance transform) / ud (uniform).
 Rerunning the same command resumes; --retry-failed reruns failed instances.
 exit codes: 0 all instances evaluated, 1 some failed, 2 bad arguments / nothing evaluated.
-"""
+""" + flags.DEVICE_EPILOG + "\n"
 
 
 def register(subparsers) -> None:
@@ -63,16 +63,18 @@ def register(subparsers) -> None:
                        help="click model: converted clickability directory, zoo name rclicks_clickability, "
                             "or the baselines dt / ud")
     flags.add_flag(group, "--clickability-random-weights", type=flags.non_negative_int, default=None,
-                    metavar="SEED", help="seeded random clickability weights for a zoo name (smoke tests)")
+                    metavar="SEED", help="seeded random clickability weights for a zoo name (smoke tests; default: "
+                                         "the converted weights)")
     flags.add_flag(group, "--clicks-csv", default=None, metavar="CSV",
                     help="RClicks clicks.csv: also evaluate real first-round clicks (User) and as many "
-                         "sampled ones (SamplingUsersCount)")
+                         "sampled ones (SamplingUsersCount) (default: none, simulated clicks only)")
     flags.add_flag(group, "--n-clicks", type=flags.positive_int, default=20,
                     help="rounds per trajectory (default %(default)s)")
     flags.add_flag(group, "--groups", type=flags.non_negative_int, default=10,
                     help="clicking groups (equal-mass bands; even, as ΔHH pairs group j with j+G/2; "
                          "0 = no groups; default %(default)s)")
-    flags.add_flag(group, "--no-base", action="store_true", help="skip the Base (baseline clicker) trajectory")
+    flags.add_flag(group, "--no-base", action="store_true",
+                   help="skip the Base (baseline clicker) trajectory (default: run it)")
     group.add_argument("--thr", "--thresh", dest="thr", type=flags.finite_float, default=None,
                        help="probability threshold of the model (default: the model family's; 0.5 SAM-type, "
                             "0.49 RITM-type)")

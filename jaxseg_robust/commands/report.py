@@ -8,7 +8,7 @@ grid's heatmap files); image plots re-read each instance's image file and
 outline the GT the record holds. ``--plot-instances worst N | first N``
 (default worst 4) chooses the instances drawn per dataset (each protocol's
 "worst" is in the epilog and docs/ARCHITECTURE.md, "Figures").
-Exit codes: 0 written, 2 not a run directory / unknown protocol / unreadable records.
+Exit codes: 0 written, 2 no such directory / not a run directory / unknown protocol / unreadable records.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
+from jaxseg_robust.commands.flags import DEVICE_EPILOG
 from jaxseg_robust.exit_codes import EXIT_OK
 from jaxseg_robust.commands.running import report_error
 
@@ -32,8 +33,9 @@ figures: per dataset, --plot-instances worst N (default worst 4) draws the N har
   rclicks the lowest mean IoU over the rounds of the simulated users (the baseline clicker's
           when no clicking group ran)
   first N draws the first N in record order; failed instances are never drawn.
-exit codes: 0 report written, 2 not a run directory (or unknown protocol, unreadable records).
-"""
+exit codes: 0 report written, 2 no such directory, not a run directory (or unknown protocol, unreadable
+records).
+""" + DEVICE_EPILOG + "\n"
 
 
 def register(subparsers) -> None:
@@ -75,6 +77,9 @@ def run(args) -> int:
     """Writes the report; prints the written files; returns an exit code of `jaxseg_robust.exit_codes`."""
     from jaxseg_robust.reports.run_report import write_run_report  # noqa: PLC0415
 
+    if not pathlib.Path(args.run_dir).is_dir():
+        what = "is not a directory" if pathlib.Path(args.run_dir).exists() else "does not exist"
+        return report_error(COMMAND, f"{args.run_dir} {what} (give a run directory or a folder of run directories)")
     try:
         paths = write_run_report(args.run_dir, args.out, plot_instances=args.plot_instances)
     except (ValueError, KeyError, FileNotFoundError) as error:  # ReportError, RecordsError, bad records

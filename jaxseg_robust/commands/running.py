@@ -25,13 +25,16 @@ def startup_line(text: str, stream=None) -> None:
 
 
 def check_outputs(args) -> None:
-    """Checks ``--out`` is a writable run directory (or can be created as one) and ``--progress`` can be shown.
+    """Checks ``--out`` is a writable run directory (or can be created as one), ``--progress`` can be shown and
+    ``--frame`` is a frame policy.
 
     Runs before any model is loaded or anything computed; creates nothing.
 
     Raises:
-      CommandError: naming the flag (an unwritable --out, --progress tqdm without tqdm).
+      CommandError: naming the flag (an unwritable --out, --progress tqdm without tqdm, a bad --frame).
     """
+    if getattr(args, "frame", None):
+        parse_frame_policy(args.frame)
     from jaxseg_robust.runner.progress import check_progress_mode  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import check_writable_dir  # noqa: PLC0415
 
@@ -47,8 +50,8 @@ def check_outputs(args) -> None:
 def start_processes(args) -> tuple[int | None, int | None]:
     """Checks the process flags and starts ``jax.distributed`` when asked; call before anything uses JAX.
 
-    Also checks ``--out`` and ``--progress`` (`check_outputs`), so every run
-    command refuses an unwritable run directory before it computes anything.
+    Also checks ``--out``, ``--progress`` and ``--frame`` (`check_outputs`), so every run
+    command refuses an unwritable run directory or a bad frame before it loads or computes anything.
 
     Args:
       args: parsed flags with ``distributed``, ``process_index``, ``process_count``.
@@ -139,14 +142,35 @@ def report_error(command: str, message: str, stream=None) -> int:
     return EXIT_FAILURE
 
 
+def resized_count(run_dir) -> tuple[int, int]:
+    """(instances whose latest record holds ``"resized"``, instances recorded) over every records file of a run."""
+    from jaxseg_robust.runner.records import latest_records, read_run_records  # noqa: PLC0415
+
+    latest = latest_records(read_run_records(run_dir))
+    return sum("resized" in record for record in latest.values()), len(latest)
+
+
+def resized_line(run_dir) -> str | None:
+    """The run summary's count of resized instances (``3 of 7 instances were resized ...``), or None when none was."""
+    resized, recorded = resized_count(run_dir)
+    if not resized:
+        return None
+    return (f"{resized} of {recorded} instances were resized on load (longest side over --max-side, or the TETRIS "
+            "cap); their results are in the resized frame and each record's \"resized\" field maps them back")
+
+
 def print_outcome(summary, table: str, files: Sequence[pathlib.Path], stream=None) -> None:
-    """Prints the run summary (counts, failures), the table and where the files are."""
+    """Prints the run summary (counts, failures), the table, where the files are and, last, how many
+    instances were resized (`resized_line`, when any was)."""
     out = sys.stdout if stream is None else stream
     print(summary.format(), file=out)
     print("", file=out)
     print(table, file=out)
     for path in files:
         print(f"wrote {path}", file=out)
+    resized = resized_line(summary.run_dir)
+    if resized is not None:
+        print(resized, file=out)
 
 
 def write_tables(run_dir, markdown: str, csv_text: str, stem: str = "summary") -> list[pathlib.Path]:
@@ -185,7 +209,8 @@ def finish(command: str, args, summary, markdown: str, csv_text: str) -> int:
       command: the sub-command name (for messages).
       args: parsed flags (``args.out`` is the run directory).
       summary: the engine's `RunSummary` of this call.
-      markdown, csv_text: the per-dataset table of every record in the run directory.
+      markdown, csv_text: the per-dataset table of every record in the run directory; ``summary.md`` gets
+        the count of resized instances below it (`resized_line`, when any was).
 
     Returns:
       `exit_code` over everything recorded in the run directory.
@@ -194,7 +219,8 @@ def finish(command: str, args, summary, markdown: str, csv_text: str) -> int:
     from jaxseg_robust.runner.engine import recorded_counts  # noqa: PLC0415
 
     markdown, csv_text = add_timing(args.out, markdown, csv_text)
-    files = write_tables(args.out, markdown, csv_text)
+    resized = resized_line(args.out)
+    files = write_tables(args.out, markdown if resized is None else f"{markdown}\n\n{resized}\n", csv_text)
     print_outcome(summary, markdown, files)
     code = exit_code(summary, recorded_counts(args.out)["ok"])
     if code == EXIT_FAILURE:

@@ -26,12 +26,14 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from jaxseg_robust.commands.flags import add_flag, finite_float
+from jaxseg_robust.commands.flags import DEVICE_EPILOG, add_flag, finite_float
 from jaxseg_robust.commands.running import report_error
 from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_PARTIAL
 from jaxseg_robust.data.examples import write_example_folders
 from jaxseg_robust.data.masks_io import (
+    DEFAULT_RULE,
     MaskReadError,
+    empty_mask_hint,
     list_mask_files,
     parse_rule,
     read_mask_checked,
@@ -54,12 +56,14 @@ examples:
   jaxseg-robust score grabcut/masks preds/ --gt-rule '==255' --gt-ignore 128
 
 mask rules: '>N', '>=N', '==N', '!=N' applied to the pixel value (grey value,
-palette index, or max over R,G,B). GrabCut/Berkeley: --gt-rule '>128'
---gt-ignore 128; DAVIS palette masks: --gt-rule '!=0'. Masks holding 0/1 labels
-are read as object = 1 under the default '>128' (said once); a mask that is not
-close to two-valued (a photo, noise) is scored with a warning naming the file.
+palette index, or max over R,G,B). One rule reads every file of a folder, whatever
+values the file holds: the default '>128' reads 0/255, JPEG and soft masks; 0/1
+label masks and DAVIS palette ids: '>0'; GrabCut/Berkeley: --gt-rule '>128'
+--gt-ignore 128. A GT that its rule leaves empty is skipped and named (never scored
+as IoU 0); a mask that is not close to two-valued (a photo, noise) is scored with a
+warning naming the file.
 exit codes: 0 all scored, 1 some files skipped (listed), 2 nothing scored / bad arguments.
-"""
+""" + DEVICE_EPILOG + "\n"
 
 
 class Pair(NamedTuple):
@@ -89,9 +93,12 @@ def register(subparsers) -> None:
     add_flag(parser, "--dilation-ratio", type=finite_float, default=DEFAULT_DILATION_RATIO,
              help="boundary width as a fraction of the image diagonal (default %(default)s; d = max(1, round(ratio*diag)))")
     parser.add_argument("--out", metavar="CSV",
-                        help="write per-file scores to this CSV (with --example: DIR/scores.csv)")
-    add_flag(parser, "--gt-rule", default=">128", help="foreground rule for GT masks (default %(default)s)")
-    add_flag(parser, "--pred-rule", default=">128", help="foreground rule for predicted masks (default %(default)s)")
+                        help="write per-file scores to this CSV (default: printed only; with --example: "
+                             "DIR/scores.csv)")
+    add_flag(parser, "--gt-rule", default=DEFAULT_RULE,
+             help="foreground rule for every GT mask (default %(default)s; 0/1 or palette-id masks: '>0')")
+    add_flag(parser, "--pred-rule", default=DEFAULT_RULE,
+             help="foreground rule for every predicted mask (default %(default)s; 0/1 masks: '>0')")
     add_flag(parser, "--gt-ignore", type=int, default=None, metavar="VALUE",
              help="GT pixel value to ignore (GrabCut/Berkeley: 128); default: none")
     parser.set_defaults(func=run)
@@ -178,13 +185,18 @@ def _rule_hint(values: np.ndarray, mask: np.ndarray, which: str, rule, path) -> 
             f"{int(values.max())}; check --{which}-rule")
 
 
-def _label_note(which: str) -> str:
-    return (f"{which} masks hold 0/1 labels: read as object = 1, background = 0 (as --{which}-rule '>0'); "
-            f"give --{which}-rule to choose another rule")
+def _empty_gt_problem(pair: Pair, reading, gt_ignore) -> str:
+    """The line naming a GT file whose object is empty under ``--gt-rule`` (the pair is not scored)."""
+    ignore = "" if gt_ignore is None else f"--gt-ignore {gt_ignore}; "
+    hint = empty_mask_hint(reading.values, reading.rule, reading.valid).replace("rule ", "--gt-rule ")
+    return f"{pair.gt_path}: GT mask has no object pixel ({ignore}{hint}); not scored"
 
 
 def _load_chunk(chunk, gt_rule, pred_rule, gt_ignore):
-    """Decodes one chunk; returns (loaded pairs, gt, pred, valid arrays, problems, warnings)."""
+    """Decodes one chunk; returns (loaded pairs, gt, pred, valid arrays, problems, warnings).
+
+    A GT that the rule leaves empty is a problem naming the file (its IoU would be 0 or undefined, not a score).
+    """
     loaded, gts, preds, valids, problems, warnings = [], [], [], [], [], []
     for pair, _ in chunk:
         try:
@@ -197,16 +209,13 @@ def _load_chunk(chunk, gt_rule, pred_rule, gt_ignore):
         if pred.shape != gt.shape:
             problems.append(f"{pair.name}: size mismatch after decoding ({gt.shape} vs {pred.shape})")
             continue
-        for which, reading in (("gt", gt_read), ("pred", pred_read)):
-            warnings += [_label_note(which)] if reading.label_mask else []
-            warnings += [reading.warning] if reading.warning else []
+        if not gt.any():
+            problems.append(_empty_gt_problem(pair, gt_read, gt_ignore))
+            continue
+        warnings += [reading.warning for reading in (gt_read, pred_read) if reading.warning]
         hint = _rule_hint(pred_read.values, pred, "pred", pred_rule, pair.pred_path)
         if hint:
             warnings.append(hint)
-        if not gt.any():
-            hint = _rule_hint(np.where(valid, gt_read.values, 0), gt, "gt", gt_rule, pair.gt_path)
-            if hint:
-                warnings.append(hint)
         loaded.append(pair)
         gts.append(gt)
         preds.append(pred)
@@ -231,7 +240,7 @@ def score_buckets(buckets: list[Bucket], gt_rule, pred_rule, gt_ignore) -> tuple
                 bucket.pairs[start: start + batch], gt_rule, pred_rule, gt_ignore
             )
             problems += bad
-            for note in notes:  # a 0/1-label note is said once
+            for note in notes:  # a warning is said once
                 if note not in warnings:
                     warnings.append(note)
             if not loaded:

@@ -94,9 +94,10 @@ def register(subparsers) -> None:
 
     _, group = add_protocol_parser(
         subparsers, COMMAND,
-        summary="TETRIS adversarial clicks (MIN/MAX) and the RITM baseline clicker for SAM-family models",
+        summary="TETRIS adversarial clicks (MIN/MAX) and the RITM baseline clicker for promptable models",
         description="TETRIS click robustness: adversarial MIN and MAX click trajectories and the RITM "
-                    "baseline clicker of a SAM-family model on RITM-style datasets or any image/mask folder.",
+                    "baseline clicker of a promptable model (SAM, MobileSAM, SAM 2, SAM-HQ, RITM, SimpleClick, "
+                    "CFR-ICL) on RITM-style datasets or any image/mask folder.",
         epilog=EPILOG, default_batch_size=DEFAULT_BATCH_SIZE, group_title="TETRIS protocol", run=run)
     add_mode_flag(group, MODES)
     add_flag(group, "--n-clicks", type=positive_int, default=clicks.DEFAULT_N_CLICKS,
@@ -122,19 +123,21 @@ def register(subparsers) -> None:
     group.add_argument("--acceptance", choices=("code", "paper"), default="code",
                        help="iterate acceptance rule: the code's lexicographic (IoU, BIoU) (default) or the paper's")
     add_flag(group, "--fixed-first-click", action="store_true",
-             help="the paper's reading: click 1 is the baseline click (not optimised)")
+             help="the paper's reading: click 1 is the baseline click, not optimised (default: the code's, "
+                  "click 1 optimised too)")
     add_flag(group, "--isegm", choices=("authors", "off"), default="authors",
              help="click-map models (RITM, SimpleClick, CFR-ICL): 'authors' attacks through the TETRIS authors' "
                   "predictor (zoom-in crop, flip averaging, CFR-ICL's cascade; docs/protocols/tetris.md "
                   "'Families'), 'off' the network once on the whole image (default %(default)s; recorded in "
                   "the manifest)")
     add_flag(group, "--record-iterates", action="store_true",
-             help="store the per-iterate log (points, losses, IoUs of every step) in the records")
+             help="store the per-iterate log (points, losses, IoUs of every step) in the records (default: "
+                  "only each click's accepted iterate)")
     add_flag(group, "--target-iou", type=finite_float, default=None, metavar="T",
              help="RITM's target IoU: adds NoC@T and >=K@T to the table besides NoC@80/85/90 (the baseline's "
                   "NoC). It stops nothing early: as in TETRIS (RITM run with target 1.01), every trajectory "
                   "runs all its clicks, so the records do not depend on it. Recorded in the manifest for "
-                  "`jaxseg-robust report` (resume with the same value)")
+                  "`jaxseg-robust report` (resume with the same value). Default: none, NoC@80/85/90 only")
 
 
 # ---- configuration ---------------------------------------------------------------------------

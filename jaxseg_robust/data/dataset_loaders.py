@@ -32,6 +32,7 @@ from jaxseg_robust.data.masks_io import (
     MAX_LABELS,
     MaskReadError,
     MaskRule,
+    empty_mask_hint,
     read_mask_checked,
     two_valued_warning,
     values_summary,
@@ -198,18 +199,13 @@ def _load_rule_single(
     except MaskReadError as error:
         raise InstanceError(f"{name}: {error}") from error
     _check_same_size(name, image, image_path, reading.foreground, mask_path)
-    if reading.label_mask:
-        _warn_once(("labels", dataset, str(pathlib.Path(mask_path).parent)),
-                   f"{dataset}: masks hold 0/1 labels (e.g. {mask_path}): read as object = 1, background = 0 "
-                   f"(rule {reading.rule} in place of the default {rule}, which selects nothing in them; "
-                   "said once per dataset)")
     if reading.warning is not None:
         _warn_once(("values", str(mask_path)), f"{name}: {reading.warning}")
     gt = np.where(reading.valid, reading.foreground.astype(np.int8), np.int8(IGNORE_LABEL)).astype(np.int8)
-    if not allow_empty:
-        _require_object(name, gt, mask_path, f"rule {reading.rule}"
-                        + ("" if ignore_value is None else f", ignore value {ignore_value}"),
-                        reading.values, reading.valid)
+    if not allow_empty and not np.any(gt == 1):
+        ignore = "" if ignore_value is None else f"ignore value {ignore_value}; "
+        raise InstanceError(f"{name}: mask {mask_path} has no object pixel ({ignore}"
+                            f"{empty_mask_hint(reading.values, reading.rule, reading.valid)})")
     return make_instance(instance_id, image, gt, dataset=dataset, source_paths=(image_path, mask_path))
 
 

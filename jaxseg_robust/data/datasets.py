@@ -77,9 +77,10 @@ Problems and where they surface:
     process): a mask that is not close to two-valued (`masks_io.two_valued_warning`;
     a photo or noise passed as a mask; ``davis`` / ``coco_mval`` allow up to
     `masks_io.MAX_LABELS` object colours, ``grabcut`` / ``berkeley`` leave out the
-    ignore value 128); and, once per dataset, ``folder`` masks holding 0/1
-    labels under the default rule ``>128``, which are read as object = 1
-    (`masks_io.resolve_rule`);
+    ignore value 128). A ``folder`` rule is applied to every file the same way:
+    a 0/1 label or palette-id mask under the default ``>128`` is an empty
+    object, failed at ``load()`` with the values found and the rule ``>0``
+    that reads them (`masks_io.empty_mask_hint`);
   * a multi-object mask without any object gives no instance and a
     `DatasetWarning`.
 
@@ -155,6 +156,7 @@ OBJECT_ID_SEPARATOR = "#"
 TETRIS_MAX_SIDE = 1024
 RCLICKS_TETRIS_MAX_SIDE = 2048
 ON_BAD_PAIR_MODES = ("error", "skip", "fail")
+ON_BAD_PAIR_HINT = "on_bad_pair='skip' or 'fail' to go on"  # the CLI says it with its flag's spelling
 UNREADABLE_DECLARED_SIZE = (1, 1)
 
 
@@ -258,7 +260,7 @@ def _handle_problems(dataset: str, folder: pathlib.Path, problems: list[tuple[_P
     lines = "\n  ".join(message for _, message in problems)
     if on_bad_pair == "error":
         raise DatasetError(f"{dataset}: {len(problems)} problem(s) listing {folder} "
-                           f"(on_bad_pair='skip' or 'fail' to go on):\n  {lines}")
+                           f"({ON_BAD_PAIR_HINT}):\n  {lines}")
     failing, warned = [], []
     for pair, message in problems:
         if on_bad_pair == "fail" and pair.image is not None:

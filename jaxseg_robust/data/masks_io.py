@@ -14,20 +14,26 @@ The value is turned into foreground by a rule: ``>N``, ``>=N``, ``==N`` or
 unlabelled band around the object): those pixels become ``valid = False`` and
 background, whatever the rule says (RITM: ``==128 -> -1``).
 
-Inputs people actually have (`read_mask_checked`):
-  * **0/1 label masks** (the commonest export: object = 1, background = 0) under
-    the default rule ``>128``, which would select nothing, are read with ``>0``
-    instead (`resolve_rule`; the reading says so, ``label_mask=True``, and the
-    dataset loaders warn once per dataset). Any other rule is applied as given.
-  * A mask that is not (close to) **two-valued** (a photo, noise, a soft or
-    probability map) is still binarised by the rule, but the reading carries a
-    warning naming the file (`two_valued_warning`): more than `OFF_VALUE_LIMIT`
-    (2 %) of its pixels lie farther than a quarter of the gap from both of its
-    two commonest values (colours for RGB files, compared channel by channel,
-    so a magenta-on-black mask is two-valued and a photo is not). JPEG ringing
-    and anti-aliased edges stay within that tolerance. With an ``==N`` or
-    ``!=N`` rule (picking or merging object ids) a label map of up to
-    `MAX_LABELS` values is clean too.
+One rule for every file (`read_mask_checked`): the rule given (default
+``>128``, the rule of RITM's Berkeley and COCO-MVal loaders, which reads 0/255
+masks, JPEG masks and soft masks alike) is applied to every file the same way,
+whatever values a file holds. A file whose values all fail the rule (a 0/1
+label export, DAVIS palette ids 0..3 under ``>128``) reads as an empty mask;
+its reader says so (`empty_mask_hint`: ``>0`` reads label and palette-id masks)
+and the dataset loaders and ``score`` turn an empty ground truth into a
+failure naming the file, never an IoU of 0. Benchmark folders of a known kind
+(GrabCut, Berkeley, DAVIS, COCO-MVal, TETRIS) are decoded by that dataset's
+own rule instead (`jaxseg_robust.data.datasets`).
+
+A mask that is not (close to) **two-valued** (a photo, noise, a soft or
+probability map) is still binarised by the rule, but the reading carries a
+warning naming the file (`two_valued_warning`): more than `OFF_VALUE_LIMIT`
+(2 %) of its pixels lie farther than a quarter of the gap from both of its
+two commonest values (colours for RGB files, compared channel by channel,
+so a magenta-on-black mask is two-valued and a photo is not). JPEG ringing
+and anti-aliased edges stay within that tolerance. With an ``==N`` or
+``!=N`` rule (picking or merging object ids) a label map of up to
+`MAX_LABELS` values is clean too.
 
 Every error is a :class:`MaskReadError` whose message starts with the file path.
 """
@@ -190,38 +196,25 @@ def read_gt_mask(path, rule: MaskRule | str = ">128", ignore_value: int | None =
     return rule.apply(values) & valid, valid
 
 
-# ---- inputs people actually have: 0/1 label masks, masks that are not two-valued ----------------
+# ---- inputs people actually have: masks the rule empties, masks that are not two-valued --------
 
-def is_label_mask(values, valid=None) -> bool:
-    """True for a 0/1 label mask: every (valid) value is 0 or 1 and some value is 1.
+def empty_mask_hint(values, rule: MaskRule | str, valid=None) -> str:
+    """What an empty reading of a file says: the values found and, for small labels, the rule that reads them.
 
     Args:
       values: int[H, W] decoded values (`read_mask_values`).
+      rule: the rule that selected nothing.
       valid: optional bool[H, W]; False pixels (ignore values) are not looked at.
-    """
-    values = np.asarray(values)
-    if valid is not None:
-        values = values[np.asarray(valid, bool)]
-    return bool(values.size) and bool(np.all((values == 0) | (values == 1))) and bool(np.any(values == 1))
-
-
-def resolve_rule(values, rule: MaskRule | str = DEFAULT_RULE, valid=None) -> tuple[MaskRule, bool]:
-    """The rule to apply to a file's values: ``rule``, or ``>0`` for a 0/1 label mask under the default rule.
-
-    The default ``>128`` selects nothing in a 0/1 label mask, so such a mask is
-    read as object = 1; any other rule is returned unchanged.
-
-    Args:
-      values: int[H, W] decoded values.
-      rule: the requested rule.
-      valid: optional bool[H, W] (ignore pixels are not looked at).
     Returns:
-      (rule to apply, True when the 0/1 label reading replaced the default rule).
+      e.g. ``"rule >128; values in the file: 0, 1, 2, 3; label or palette-id masks: rule '>0'"``.
     """
     rule = parse_rule(rule) if isinstance(rule, str) else rule
-    if is_default_rule(rule) and is_label_mask(values, valid):
-        return MaskRule(">", 0), True
-    return rule, False
+    values = np.asarray(values)
+    looked_at = values if valid is None else values[np.asarray(valid, bool)]
+    text = f"rule {rule}; values in the file: {values_summary(values, valid)}"
+    if looked_at.size and 0 < int(looked_at.max()) <= MAX_LABELS and not rule.apply(looked_at).any():
+        text += "; label or palette-id masks: rule '>0'"
+    return text
 
 
 def _keys(flat: np.ndarray) -> np.ndarray:
@@ -322,8 +315,7 @@ class MaskReading:
       foreground: bool[H, W] object pixels (False at ignore pixels).
       valid: bool[H, W], False at ignore pixels.
       values: int[H, W] the decoded values.
-      rule: the rule applied (``>0`` for a 0/1 label mask read with the default rule).
-      label_mask: True when the 0/1 label reading replaced the default rule.
+      rule: the rule applied (the rule given, for every file).
       warning: a line naming the file when the mask is not close to two-valued, else None.
     """
 
@@ -331,20 +323,19 @@ class MaskReading:
     valid: np.ndarray
     values: np.ndarray
     rule: MaskRule
-    label_mask: bool
     warning: str | None
 
 
 def read_mask_checked(path, rule: MaskRule | str = DEFAULT_RULE, ignore_value: int | None = None) -> MaskReading:
-    """Reads a mask like `read_gt_mask`, reading 0/1 label masks as such and checking it is two-valued.
+    """Reads a mask like `read_gt_mask` and checks that it is two-valued.
 
     Args:
       path: mask file.
-      rule: foreground rule (default ``>128``; a 0/1 label mask is then read with ``>0``).
+      rule: foreground rule (default ``>128``), applied whatever values the file holds.
       ignore_value: pixel value marking ignore pixels, or None.
 
     Returns:
-      `MaskReading` (see the module doc for the label reading and the warning;
+      `MaskReading` (see the module doc for the warning;
       ``==N`` / ``!=N`` rules accept label maps of up to `MAX_LABELS` values).
 
     Raises:
@@ -352,11 +343,11 @@ def read_mask_checked(path, rule: MaskRule | str = DEFAULT_RULE, ignore_value: i
     """
     values, channels = decode_mask(path)
     valid = np.ones(values.shape, bool) if ignore_value is None else values != ignore_value
-    applied, label_mask = resolve_rule(values, rule, valid)
-    foreground = applied.apply(values) & valid
-    labels = MAX_LABELS if applied.op in ("==", "!=") else 2  # id rules read label maps
+    rule = parse_rule(rule) if isinstance(rule, str) else rule
+    foreground = rule.apply(values) & valid
+    labels = MAX_LABELS if rule.op in ("==", "!=") else 2  # id rules read label maps
     warning = two_valued_warning(channels, path, valid, labels=labels)
-    return MaskReading(foreground, valid, values, applied, label_mask, warning)
+    return MaskReading(foreground, valid, values, rule, warning)
 
 
 def list_mask_files(folder) -> tuple[dict[str, pathlib.Path], dict[str, list[pathlib.Path]]]:

@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
-from typing import Any, Mapping
+import sys
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from flax import traverse_util
@@ -186,15 +188,50 @@ def load(model_dir: str | os.PathLike) -> tuple[dict, dict]:
     params_dir = pathlib.Path(model_dir).expanduser().resolve() / PARAMS_DIR
     if not params_dir.is_dir():
         raise StoreError(f"{model_dir}: the parameter checkpoint '{PARAMS_DIR}/' is missing")
+    checkpointer = _checkpointer()
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = quiet_closed_loop_hook(previous_hook)
     try:
-        restored = _checkpointer().restore(params_dir)
+        restored = checkpointer.restore(params_dir)
     except Exception as err:  # orbax raises many types for damaged checkpoints
-        raise StoreError(f"{params_dir}: cannot read the parameter checkpoint: "
-                         f"{type(err).__name__}: {err}") from None
+        raise StoreError(damaged_checkpoint_message(params_dir, err)) from None
+    finally:
+        checkpointer.close()
+        sys.unraisablehook = previous_hook
     params = traverse_util.unflatten_dict(
         {k: np.asarray(v) for k, v in traverse_util.flatten_dict(dict(restored), sep="/").items()},
         sep="/")
     return params, meta
+
+
+_LOCAL_FILE = re.compile(r'local file "([^"]*[^/"])"')  # a file tensorstore names in its errors
+
+
+def damaged_checkpoint_message(params_dir: pathlib.Path, error: BaseException) -> str:
+    """One line naming the damaged file of an orbax checkpoint (the last file the error names, else
+    ``params_dir``) and what to do, without the tensorstore spec the error carries."""
+    named = _LOCAL_FILE.findall(str(error))
+    where = named[-1] if named else os.fspath(params_dir)
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    reason = first.split(":", 1)[0] if named else f"{type(error).__name__}: {first}"[:160]
+    return (f"{where}: the parameter checkpoint is damaged or incomplete ({reason}); convert the model again "
+            f"with `python -m ports`")
+
+
+def quiet_closed_loop_hook(previous: Callable) -> Callable:
+    """A `sys.unraisablehook` that drops asyncio's "Event loop is closed" and passes anything else to ``previous``.
+
+    When a damaged checkpoint stops orbax's restore, tensorstore reads still in
+    flight complete into the closed event loop and Python would print their
+    tracebacks after the one-line error; `load` and the command line install it.
+    """
+    def hook(unraisable) -> None:
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    return hook
 
 
 def check_tree(params: Mapping, expected: Mapping, *, what: str) -> None:

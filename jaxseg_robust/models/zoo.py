@@ -39,6 +39,9 @@ DEFAULT_MODELS_DIR = "~/.cache/jaxseg_robust/models"
 # trained on synthetic shapes only. Real evaluations use ported official checkpoints.
 DEFAULT_MODEL = "sam_demo"
 PACKAGE_WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent / "weights"
+# The families of converted dense directories (`jaxseg_robust.models.dense`, each module's FAMILY): image ->
+# per-pixel logits, no prompts; `load_params` refuses them by name.
+DENSE_FAMILIES = ("u2netp", "deeplabv3", "semseg", "upernet")
 BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry", "jaxseg_robust.models.sam2.registry",
                          "jaxseg_robust.models.clickability.registry", "jaxseg_robust.models.clickmap.registry")
 
@@ -192,6 +195,17 @@ def resolve(name_or_dir: str | os.PathLike) -> pathlib.Path:
     return target
 
 
+def refuse_dense(path: os.PathLike, family_name: str) -> None:
+    """StoreError when a converted directory holds a dense model (`DENSE_FAMILIES`): it maps an
+    image to logits and takes no prompts, so no prompt protocol runs it (the perturbation battery does)."""
+    from jaxseg_robust.models import store  # noqa: PLC0415
+
+    if family_name in DENSE_FAMILIES:
+        raise store.StoreError(f"{os.fspath(path)} holds a '{family_name}' model, a dense model (image -> "
+                               "per-pixel logits) that takes no prompts; prompt protocols need a promptable "
+                               "model (SAM, SAM 2, SAM-HQ, RITM, SimpleClick, CFR-ICL); perturb attacks dense models")
+
+
 def load_params(name_or_dir: str | os.PathLike, *, compute_dtype: str | None = None):
     """Loads a converted model's pieces.
 
@@ -205,6 +219,7 @@ def load_params(name_or_dir: str | os.PathLike, *, compute_dtype: str | None = N
     from jaxseg_robust.models import store  # noqa: PLC0415
 
     path = resolve(name_or_dir)
+    refuse_dense(path, store.read_meta(path)["family"])
     params, meta = store.load(path)
     fam = family(meta["family"])
     config = fam.config_from_dict(meta["config"])
