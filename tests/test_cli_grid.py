@@ -243,19 +243,19 @@ def test_startup_lines_on_stderr(click_run):
     assert "loading sam_tiny ..." in stderr and "compiling the click grid program for bucket 64x64" in stderr
 
 
-def test_click_grid_heatmap_marks_the_recorded_xy_clicks_where_they_are(monkeypatch, tmp_path):
+def test_click_grid_heatmap_marks_the_recorded_xy_clicks_where_they_are(monkeypatch):
     import jaxseg_robust.reports.figures as figures
-    from jaxseg_robust.reports.grid import plot_box_grid, plot_click_grid
+    from jaxseg_robust.reports.grid import box_grid_figure, click_grid_figure
 
     drawn = {}
-    monkeypatch.setattr(figures, "plot_heatmap", lambda *args, **kwargs: drawn.update(kwargs) or args[1])
+    monkeypatch.setattr(figures, "heatmap_figure", lambda *args, **kwargs: drawn.update(kwargs))
     payload = {"baseline_click_xy": [7, 3], "iou_argmin_xy": [-1, -1], "iou_argmax_xy": [12, 5], "iou_min": 0.1,
                "iou_max": 0.9, "baseline_iou": 0.5}
     maps = {"iou": np.zeros((6, 13)), "rows": np.arange(6), "cols": np.arange(13)}
-    plot_click_grid({"dataset": "d", "id": "1", "payload": payload}, maps, tmp_path / "click.png")
+    click_grid_figure({"dataset": "d", "id": "1", "payload": payload}, maps)
     assert drawn["markers"] == {"baseline click": (7, 3), "max": (12, 5)}  # (x, y) as recorded; no extreme: none
     box = {"tight_hw": [4, 9], "iou_argmin_hw": [0, 2], "iou_argmax_hw": [5, 8], "iou_min": 0.0, "iou_max": 0.9,
            "tight_iou": 0.8}
     maps = {"iou": np.zeros((6, 13)), "heights": np.arange(6), "widths": np.arange(13)}
-    plot_box_grid({"dataset": "d", "id": "1", "payload": box}, maps, tmp_path / "box.png")
+    box_grid_figure({"dataset": "d", "id": "1", "payload": box}, maps)
     assert drawn["markers"] == {"tight box": (9, 4), "min": (2, 0), "max": (8, 5)}  # (h, w) drawn at (w, h)

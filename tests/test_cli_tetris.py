@@ -353,19 +353,19 @@ def test_a_run_directory_of_the_older_records_layout_is_refused_in_one_line(firs
     assert (old / "records.jsonl").read_text() == records
 
 
-def test_click_plot_draws_each_recorded_xy_click_at_its_pixel(first_run, monkeypatch, tmp_path):
+def test_click_plot_draws_each_recorded_xy_click_at_its_pixel(first_run, monkeypatch):
     import jaxseg_robust.reports.figures as figures
-    from jaxseg_robust.reports.tetris import _click_plot
+    from jaxseg_robust.reports.tetris import click_figure
 
     _, out, _, _, _ = first_run
     record = records_by_status(out)[0]["a0"]
     drawn = {}
-    monkeypatch.setattr(figures, "plot_prompts", lambda image, path, **kwargs: drawn.update(kwargs) or path)
-    _click_plot(record, ("min", "baseline"), tmp_path / "clicks.png")
+    monkeypatch.setattr(figures, "prompts_figure", lambda image, **kwargs: drawn.update(kwargs))
+    click_figure(record, ("min", "baseline"), np.zeros((40, 48, 3), np.uint8))
     for label, (points, positive) in drawn["clicks"].items():
         part = record["payload"][label.split()[0]]
-        # the plot functions take (row, col): the recorded (x, y) arrive swapped, the signs unchanged
-        np.testing.assert_array_equal(points, np.asarray(part["clicks_xy"], np.float64)[:, ::-1])
+        # drawn at the recorded (x, y), the signs unchanged
+        np.testing.assert_array_equal(points, np.asarray(part["clicks_xy"], np.float32))
         np.testing.assert_array_equal(positive, part["is_positive"])
     assert len(drawn["clicks"]) == 2
 

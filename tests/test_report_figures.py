@@ -67,14 +67,14 @@ def breps_run(folder, tmp_path_factory):
 
 # ---- coordinates and colour scales -------------------------------------------------------------------
 
-def test_record_clicks_xy_turns_recorded_row_col_into_x_y():
-    xy, positive = figures.record_clicks_xy({"clicks": [[10.0, 3.5], [2.0, 40.0]], "is_positive": [True, False]})
+def test_record_clicks_xy_reads_the_recorded_x_y_as_they_are():
+    xy, positive = figures.record_clicks_xy({"clicks_xy": [[3.5, 10.0], [40.0, 2.0]], "is_positive": [True, False]})
     np.testing.assert_array_equal(xy, [[3.5, 10.0], [40.0, 2.0]])
     assert xy.dtype == np.float32 and positive.tolist() == [True, False]
-    assert figures.record_point_xy({"baseline_click": [7, 9]}, "baseline_click") == (9.0, 7.0)
-    assert figures.record_point_xy({"iou_argmin": [-1, -1]}, "iou_argmin") is None
+    assert figures.record_point_xy({"baseline_click_xy": [9, 7]}, "baseline_click_xy") == (9.0, 7.0)
+    assert figures.record_point_xy({"iou_argmin_xy": [-1, -1]}, "iou_argmin_xy") is None
     with pytest.raises(ValueError, match="is_positive"):
-        figures.record_clicks_xy({"clicks": [[1, 2]], "is_positive": [True, False]})
+        figures.record_clicks_xy({"clicks_xy": [[1, 2]], "is_positive": [True, False]})
 
 
 def test_colour_scale_is_the_finite_data_range():
@@ -317,8 +317,10 @@ def test_tetris_report_draws_the_hardest_instance_with_its_clicks_and_gt(folder,
     """A TETRIS run in the real record format (the engine, hand-made outputs): worst 1 draws the lowest MIN AuC."""
     from jaxseg_robust.data.instances import make_instance
     from jaxseg_robust.reports.sources import with_image_source
+    from jaxseg_robust.attacks.clicks import RECORDS_FORMAT
     from jaxseg_robust.reports.tetris import click_figure
     from jaxseg_robust.runner.engine import run
+    from jaxseg_robust.runner.rundir import RECORDS_FORMAT_KEY
 
     instances = [make_instance(name, np.array(read_image_rgb(folder / "images" / f"{name}.png")),
                                _gt_of(folder, name).astype(np.int8), dataset="toy",
@@ -336,14 +338,14 @@ def test_tetris_report_draws_the_hardest_instance_with_its_clicks_and_gt(folder,
         def part(level):
             return {"iou": np.array([[level[i], level[i]] for i in ids], np.float32),
                     "biou": np.full((count, 2), 0.5, np.float32),
-                    "clicks": np.tile(np.float32([[[5.0, 30.0], [20.0, 8.0]]]), (count, 1, 1)),
+                    "clicks_xy": np.tile(np.float32([[[30.0, 5.0], [8.0, 20.0]]]), (count, 1, 1)),
                     "is_positive": np.tile(np.array([[True, False]]), (count, 1))}
 
         return {"min": part(min_auc), "baseline": part({i: 0.9 for i in GOOD}), "max": part({i: 0.95 for i in GOOD})}
 
     out = tmp_path / "tetris"
-    summary = run(instances, batch, out, 4, config={"protocol": "tetris", "mode": "minmax"}, progress="none",
-                  finalize=with_image_source())
+    config = {"protocol": "tetris", "mode": "minmax", RECORDS_FORMAT_KEY: RECORDS_FORMAT}
+    summary = run(instances, batch, out, 4, config=config, progress="none", finalize=with_image_source())
     assert summary.ok == 3
     paths = run_report.write_run_report(out, tmp_path / "report", plot_instances=PlotInstances("worst", 1))
     assert sorted(name for name in paths if name.startswith("clicks_")) == ["clicks_toy_a1"]
