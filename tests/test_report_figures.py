@@ -21,7 +21,7 @@ from jaxseg_robust import cli
 from jaxseg_robust.data.datasets import read_image_rgb
 from jaxseg_robust.reports import figures, grid, plot_selection, run_report
 from jaxseg_robust.reports.plot_selection import PlotInstances, instances_to_plot
-from jaxseg_robust.reports.sources import load_source_gt, load_source_image, mask_rle, rle_mask
+from jaxseg_robust.reports.sources import load_source_gt, load_source_image
 
 from cli_helpers import GOOD, assert_png, folder_flags, make_folder, records_by_status, run_captured
 
@@ -242,17 +242,6 @@ def test_gt_is_recorded_as_rle_and_outlined_where_the_mask_is(box_grid_run, fold
     figure = grid.corner_figure(record, maps, load_source_image(record["payload"]), gt)
     assert len(_drawn_gt(figure.axes[0])) == 1
     _close(figure)
-
-
-def test_mask_rle_round_trips_and_matches_pycocotools():
-    rng = np.random.default_rng(0)
-    for mask in (rng.random((17, 23)) > 0.5, np.ones((4, 5), bool), np.zeros((3, 2), bool)):
-        np.testing.assert_array_equal(rle_mask(mask_rle(mask), mask.shape), mask)
-    coco = pytest.importorskip("pycocotools.mask")
-    mask = rng.random((31, 19)) > 0.7
-    assert mask_rle(mask) == coco.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"].decode()
-    with pytest.raises(ValueError, match="pixels"):
-        rle_mask(mask_rle(mask), (30, 19))
 
 
 def test_mask_panels_outline_the_gt_in_every_panel():

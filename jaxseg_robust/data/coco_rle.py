@@ -163,6 +163,33 @@ def runs_to_string(runs) -> str:
     return "".join(out)
 
 
+def encode_mask(mask) -> str:
+    """The compressed RLE string of a bool[H, W] mask (column-major runs, the first one background;
+    pycocotools' ``encode(...)["counts"]``)."""
+    flat = np.asarray(mask, bool).ravel(order="F")
+    if flat.size == 0:
+        return runs_to_string([0])
+    bounds = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1]) + 1, [flat.size]])
+    runs = np.diff(bounds)
+    if flat[0]:
+        runs = np.concatenate([[0], runs])
+    return runs_to_string(runs)
+
+
+def decode_mask(counts, size) -> np.ndarray:
+    """The bool[H, W] mask of a compressed RLE string and its ``size`` (H, W) (the inverse of `encode_mask`).
+
+    Raises:
+      ValueError: the runs do not cover exactly H * W pixels, or the string is malformed.
+    """
+    height, width = (int(v) for v in size)
+    runs = np.asarray(string_runs(counts), np.int64)
+    if runs.min(initial=0) < 0 or int(runs.sum()) != height * width:
+        raise ValueError(f"RLE runs cover {int(runs.sum())} pixels, not {height} x {width}")
+    flat = np.repeat(np.arange(runs.shape[0]) % 2 == 1, runs)
+    return flat.reshape(width, height).T.copy()
+
+
 def foreground_pixels(runs: np.ndarray) -> int:
     """Pixels of a mask given by its runs (the odd runs)."""
     return int(np.asarray(runs)[1::2].sum())
@@ -230,4 +257,5 @@ def decode_into(masks: list, out: np.ndarray) -> None:
                        _valid_words(height, width, words_per_column, columns), out=slots[slot])
 
 
-__all__ = ["strings_runs_flat", "strings_runs", "string_runs", "runs_to_string", "foreground_pixels", "decode_into"]
+__all__ = ["strings_runs_flat", "strings_runs", "string_runs", "runs_to_string", "encode_mask", "decode_mask",
+           "foreground_pixels", "decode_into"]

@@ -17,7 +17,7 @@ reports skip the image plots (`load_source_image` returns None).
 
 ``gt`` is the evaluated ground truth's object pixels (``gt == 1``, at
 ``size``) as a COCO compressed RLE string (column-major runs, first run
-background; `jaxseg_robust.data.coco_rle`), so the report outlines the exact
+background; `jaxseg_robust.data.coco_rle.encode_mask`), so the report outlines the exact
 mask the protocol scored whatever loader, mask rule or object id made it
 (`load_source_gt`; a few hundred bytes for a typical object). Records
 written before it existed have no ``gt``: their figures have no outline.
@@ -30,43 +30,15 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from jaxseg_robust.data.coco_rle import decode_mask, encode_mask
+
 SOURCE_KEY = "source"
-
-
-def mask_rle(mask) -> str:
-    """COCO compressed RLE string of a bool[H, W] mask (column-major runs, the first one background)."""
-    from jaxseg_robust.data.coco_rle import runs_to_string  # noqa: PLC0415
-
-    flat = np.asarray(mask, bool).ravel(order="F")
-    if flat.size == 0:
-        return runs_to_string([0])
-    bounds = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1]) + 1, [flat.size]])
-    runs = np.diff(bounds)
-    if flat[0]:
-        runs = np.concatenate([[0], runs])
-    return runs_to_string(runs)
-
-
-def rle_mask(counts: str, size) -> np.ndarray:
-    """The bool[H, W] mask of a `mask_rle` string and ``size`` (H, W).
-
-    Raises:
-      ValueError: the runs do not cover exactly H * W pixels, or the string is malformed.
-    """
-    from jaxseg_robust.data.coco_rle import string_runs  # noqa: PLC0415
-
-    height, width = (int(v) for v in size)
-    runs = np.asarray(string_runs(counts), np.int64)
-    if runs.min(initial=0) < 0 or int(runs.sum()) != height * width:
-        raise ValueError(f"RLE runs cover {int(runs.sum())} pixels, not {height} x {width}")
-    flat = np.repeat(np.arange(runs.shape[0]) % 2 == 1, runs)
-    return flat.reshape(width, height).T.copy()
 
 
 def image_source(instance) -> dict:
     """``{"image": absolute path or None, "size": [H, W], "gt": RLE}`` of a loaded `Instance`.
 
-    The image is the first source path; ``gt`` (`mask_rle` of ``instance.gt == 1``)
+    The image is the first source path; ``gt`` (`coco_rle.encode_mask` of ``instance.gt == 1``)
     is left out when the instance's ground truth is not a mask of its image size.
     """
     paths = tuple(getattr(instance, "source_paths", ()) or ())
@@ -75,7 +47,7 @@ def image_source(instance) -> dict:
     source = {"image": image, "size": [int(height), int(width)]}
     gt = np.asarray(instance.gt)
     if gt.shape == (int(height), int(width)):
-        source["gt"] = mask_rle(gt == 1)
+        source["gt"] = encode_mask(gt == 1)
     return source
 
 
@@ -134,10 +106,9 @@ def load_source_gt(payload: Mapping) -> np.ndarray | None:
     if not isinstance(source, Mapping) or not source.get("gt") or not source.get("size"):
         return None
     try:
-        return rle_mask(source["gt"], source["size"])
+        return decode_mask(source["gt"], source["size"])
     except (ValueError, TypeError):
         return None
 
 
-__all__ = ["SOURCE_KEY", "mask_rle", "rle_mask", "image_source", "with_image_source", "load_source_image",
-           "load_source_gt"]
+__all__ = ["SOURCE_KEY", "image_source", "with_image_source", "load_source_image", "load_source_gt"]
