@@ -38,6 +38,7 @@ from jaxseg_robust.models.base import (
     evaluation_multimask,
     resets_feedback,
     takes_boxes,
+    with_predictor,
 )
 from jaxseg_robust.models.sam.segmenter import SamSegmenter
 
@@ -90,18 +91,26 @@ def _instance(index, seed, height=HEIGHT, width=WIDTH):
 
 
 @pytest.mark.slow  # 111 s on the loaded 2-core test machine (a RITM grad scan compiles)
-def test_tetris_on_a_click_map_model_moves_the_click_through_the_network(ritm):
+@pytest.mark.parametrize("predictor", ["off", "authors"])
+def test_tetris_on_a_click_map_model_moves_the_click_through_the_network(ritm, predictor):
     """With the exact (hard) disks the attack's gradient would be zero inside the error region, so
     Adam would never move the click; the protocol runs the family's soft rendering, the click moves,
-    the step is the network input's diagonal rule and the previous map is fed at every later click."""
+    the step is the network input's diagonal rule (the frame itself with the predictor off, the
+    zoom-in's fixed crop size through the authors' predictor) and the previous map is fed at every
+    later click."""
     batch = pad_batch([_instance(0, 0)], (HEIGHT, WIDTH), 1)
     program = make_click_batch_fn(ritm.segmenter, ritm.params, mode="min", n_clicks=2, n_opt_steps=3,
-                                  record_trajectory=True)
+                                  record_trajectory=True, predictor=predictor)
     out = jax.device_get(program(batch))
     points = np.asarray(out["iterates"]["point_resized"])[0]  # [K, S, 2]
     moved = np.abs(points[:, 1:] - points[:, :1]).max()
     assert moved > 1e-3, f"the attacked click never moved (max shift {moved})"
-    assert float(out["learning_rate"][0]) == pytest.approx(5 * math.hypot(HEIGHT, WIDTH) / (400 * math.sqrt(2)),
+    if predictor == "off":
+        network_hw = (HEIGHT, WIDTH)
+    else:
+        network_hw = tuple(with_predictor(ritm.segmenter, True).evaluation.zoom_in.target_hw)
+        assert network_hw != (HEIGHT, WIDTH)
+    assert float(out["learning_rate"][0]) == pytest.approx(5 * math.hypot(*network_hw) / (400 * math.sqrt(2)),
                                                            rel=1e-6)
     np.testing.assert_array_equal(out["has_mask_input"][0], [False, True])  # no SAM-style reset
 
@@ -155,7 +164,10 @@ def test_click_protocols_on_a_ritm_directory(workspace, command):
     assert code == 0, stderr
     records = _ok_records(out)
     assert len(records) == 2
-    assert "runs every image in its own frame" in stderr  # click-map models are not padded into buckets
+    # the network on the whole frame (grid) is not padded into buckets; through the authors' predictor
+    # (tetris, rclicks) the zoom-in resizes a crop to a fixed size, which works in any frame
+    frame_note = "runs every image in its own frame" in stderr
+    assert frame_note == (command == "grid"), stderr
     if command == "tetris":
         payload = records[0]["payload"]
         assert _settings(out)["attack"]["thr"] == 0.49
