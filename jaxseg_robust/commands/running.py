@@ -159,16 +159,16 @@ def resized_line(run_dir) -> str | None:
             "cap); their results are in the resized frame and each record's \"resized\" field maps them back")
 
 
-def print_outcome(summary, table: str, files: Sequence[pathlib.Path], stream=None) -> None:
+def print_outcome(summary, table: str, files: Sequence[pathlib.Path], resized: str | None = None,
+                  stream=None) -> None:
     """Prints the run summary (counts, failures), the table, where the files are and, last, how many
-    instances were resized (`resized_line`, when any was)."""
+    instances were resized (``resized``: `resized_line`, None when none was)."""
     out = sys.stdout if stream is None else stream
     print(summary.format(), file=out)
     print("", file=out)
     print(table, file=out)
     for path in files:
         print(f"wrote {path}", file=out)
-    resized = resized_line(summary.run_dir)
     if resized is not None:
         print(resized, file=out)
 
@@ -221,7 +221,7 @@ def finish(command: str, args, summary, markdown: str, csv_text: str) -> int:
     markdown, csv_text = add_timing(args.out, markdown, csv_text)
     resized = resized_line(args.out)
     files = write_tables(args.out, markdown if resized is None else f"{markdown}\n\n{resized}\n", csv_text)
-    print_outcome(summary, markdown, files)
+    print_outcome(summary, markdown, files, resized)
     code = exit_code(summary, recorded_counts(args.out)["ok"])
     if code == EXIT_FAILURE:
         report_error(command, f"no instance succeeded (see the failures above and {args.out}/records*.jsonl)")

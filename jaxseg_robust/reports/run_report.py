@@ -231,6 +231,10 @@ def rclicks_click_rows(records):
                 yield record["dataset"], record["id"], clicker, click, x, y, label, iou, biou
 
 
+def _curves_key(record) -> str:
+    return f"curves_{file_stem(record['dataset'], record['id'])}"
+
+
 def write_rclicks_report(run_dir, out_dir, *, plot_instances=None) -> dict[str, pathlib.Path]:
     """RClicks NoC table (`reports.rclicks.write_tables`), the per-click ``ious.csv`` over the run's ok records
     and the IoU-per-round figure of the instances ``plot_instances`` picks (default the worst 4 per dataset by
@@ -257,18 +261,14 @@ def write_rclicks_report(run_dir, out_dir, *, plot_instances=None) -> dict[str, 
     else:
         parts += ["(no instance evaluated)", ""]
     order = "the lowest mean IoU of the simulated users first" if choice.mode == "worst" else "record order"
-    drawn: dict[str, int] = {}
     figures = [f"IoU per round of the instances drawn per dataset: {choice} ({order}).", ""]
-    for record in instances_to_plot(records, choice, rclicks.rclicks_hardness):
-        if drawn.get(record["dataset"], 0) >= choice.count:
-            continue
-        key = f"curves_{file_stem(record['dataset'], record['id'])}"
-        path = rclicks.plot_instance_curves(record, out / f"{key}.png")
-        if path is not None:
-            drawn[record["dataset"]] = drawn.get(record["dataset"], 0) + 1
-            paths[key] = path
-            figures += [f"![{record['id']}]({path.name})", ""]
-    if drawn:
+    undrawn: list[str] = []  # instances without recorded rounds: no figure, the next one is drawn
+    for record, path in example_records(instances_to_plot(records, choice, rclicks.rclicks_hardness), choice.count,
+                                        lambda r: rclicks.plot_instance_curves(r, out / f"{_curves_key(r)}.png"),
+                                        undrawn):
+        paths[_curves_key(record)] = path
+        figures += [f"![{record['id']}]({path.name})", ""]
+    if len(figures) > 2:
         parts += figures
     return write_report_page(out, parts, records, paths)
 

@@ -394,12 +394,19 @@ def check_records_format(recorded: Mapping, current: Mapping, path: pathlib.Path
       path: the run directory (named in the message).
     """
     wanted = (current.get("config") or {}).get(RECORDS_FORMAT_KEY)
-    found = (recorded.get("config") or {}).get(RECORDS_FORMAT_KEY)
+    was = other_records_format(recorded, wanted)
+    if was is not None:
+        raise RecordsFormatError(f"{path}: its records are in {was}, this version writes {wanted!r}; resuming "
+                                 "would mix the two in one records file, so use a new run directory (--out)")
+
+
+def other_records_format(manifest: Mapping, wanted: str | None) -> str | None:
+    """How a manifest's ``config.records_format`` differs from ``wanted``: ``"an older layout"`` (absent),
+    ``"layout 'X'"``, or None when it is ``wanted`` or nothing is wanted."""
+    found = (manifest.get("config") or {}).get(RECORDS_FORMAT_KEY)
     if wanted is None or found == wanted:
-        return
-    was = "an older layout" if found is None else f"layout {found!r}"
-    raise RecordsFormatError(f"{path}: its records are in {was}, this version writes {wanted!r}; resuming would "
-                             "mix the two in one records file, so use a new run directory (--out)")
+        return None
+    return "an older layout" if found is None else f"layout {found!r}"
 
 
 def _only_dataset_differs(recorded: Mapping, current: Mapping) -> bool:
