@@ -188,7 +188,7 @@ def _rule_hint(values: np.ndarray, mask: np.ndarray, which: str, rule, path) -> 
 def _empty_gt_problem(pair: Pair, reading, gt_ignore) -> str:
     """The line naming a GT file whose object is empty under ``--gt-rule`` (the pair is not scored)."""
     ignore = "" if gt_ignore is None else f"--gt-ignore {gt_ignore}; "
-    hint = empty_mask_hint(reading.values, reading.rule, reading.valid).replace("rule ", "--gt-rule ")
+    hint = empty_mask_hint(reading.values, reading.rule, reading.valid, rule_name="--gt-rule")
     return f"{pair.gt_path}: GT mask has no object pixel ({ignore}{hint}); not scored"
 
 

@@ -198,22 +198,23 @@ def read_gt_mask(path, rule: MaskRule | str = ">128", ignore_value: int | None =
 
 # ---- inputs people actually have: masks the rule empties, masks that are not two-valued --------
 
-def empty_mask_hint(values, rule: MaskRule | str, valid=None) -> str:
+def empty_mask_hint(values, rule: MaskRule | str, valid=None, *, rule_name: str = "rule") -> str:
     """What an empty reading of a file says: the values found and, for small labels, the rule that reads them.
 
     Args:
       values: int[H, W] decoded values (`read_mask_values`).
       rule: the rule that selected nothing.
       valid: optional bool[H, W]; False pixels (ignore values) are not looked at.
+      rule_name: what the message calls the rule (a command names its flag, ``"--gt-rule"``).
     Returns:
       e.g. ``"rule >128; values in the file: 0, 1, 2, 3; label or palette-id masks: rule '>0'"``.
     """
     rule = parse_rule(rule) if isinstance(rule, str) else rule
     values = np.asarray(values)
     looked_at = values if valid is None else values[np.asarray(valid, bool)]
-    text = f"rule {rule}; values in the file: {values_summary(values, valid)}"
+    text = f"{rule_name} {rule}; values in the file: {values_summary(values, valid)}"
     if looked_at.size and 0 < int(looked_at.max()) <= MAX_LABELS and not rule.apply(looked_at).any():
-        text += "; label or palette-id masks: rule '>0'"
+        text += f"; label or palette-id masks: {rule_name} '>0'"
     return text
 
 
