@@ -1,5 +1,7 @@
 """Connected components vs scipy.ndimage.label (test-only oracle): exact label maps
-(same numbering) and component counts, 4- and 8-connectivity, adversarial shapes."""
+(same numbering) and component counts, 4- and 8-connectivity, adversarial shapes, for
+both variants (the CPU row sweeps and the accelerator's whole-array rounds, each called
+directly here), and the per-platform choice seen in the CPU and CUDA lowerings."""
 
 from __future__ import annotations
 
@@ -13,16 +15,27 @@ import scipy.ndimage as ndi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxseg_robust.ops.components import component_sizes, label_components, largest_component
+from jaxseg_robust.ops.components import (
+    ACCELERATOR_JUMPS_PER_ROUND,
+    accelerator_rounds,
+    component_sizes,
+    label_components,
+    label_components_accelerator,
+    label_components_cpu,
+    largest_component,
+)
 from mask_patterns import PATTERNS, make_mask, mask_strategy, snake, spiral
 
 SHAPE = (21, 30)
 STRUCTURES = {4: ndi.generate_binary_structure(2, 1), 8: np.ones((3, 3), bool)}
+VARIANTS = {"per_platform": label_components, "cpu": label_components_cpu,
+            "accelerator": label_components_accelerator}
+BOTH = ("cpu", "accelerator")
 
 
 @functools.lru_cache(maxsize=None)
-def _labeller(connectivity):
-    return jax.jit(functools.partial(label_components, connectivity=connectivity))
+def _labeller(connectivity, variant="per_platform"):
+    return jax.jit(functools.partial(VARIANTS[variant], connectivity=connectivity))
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,9 +43,9 @@ def _largest(connectivity):
     return jax.jit(functools.partial(largest_component, connectivity=connectivity))
 
 
-def check_against_scipy(mask, connectivity):
+def check_against_scipy(mask, connectivity, variant="per_platform"):
     ref, num = ndi.label(np.asarray(mask) != 0, STRUCTURES[connectivity])
-    labels, got_num = _labeller(connectivity)(mask)
+    labels, got_num = _labeller(connectivity, variant)(mask)
     assert labels.dtype == jnp.int32 and got_num.dtype == jnp.int32 and got_num.shape == ()
     np.testing.assert_array_equal(np.asarray(labels), ref)
     assert int(got_num) == num
@@ -46,27 +59,85 @@ def reference_largest(mask, connectivity):
     return ref == 1 + int(np.argmax(sizes))  # first maximum = lowest label
 
 
-@given(mask_strategy(SHAPE), st.sampled_from((4, 8)))
-def test_labels_match_scipy(mask, connectivity):
-    check_against_scipy(mask, connectivity)
+@pytest.mark.parametrize("variant", BOTH)
+@given(mask=mask_strategy(SHAPE), connectivity=st.sampled_from((4, 8)))
+def test_labels_match_scipy(variant, mask, connectivity):
+    check_against_scipy(mask, connectivity, variant)
 
 
+@pytest.mark.parametrize("variant", BOTH)
 @pytest.mark.parametrize("connectivity", (4, 8))
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_every_pattern(pattern, connectivity):
+def test_every_pattern(pattern, connectivity, variant):
     for seed, density in ((1, 0.3), (2, 0.7)):
-        check_against_scipy(make_mask(pattern, SHAPE, density, seed), connectivity)
+        check_against_scipy(make_mask(pattern, SHAPE, density, seed), connectivity, variant)
 
 
+@pytest.mark.parametrize("variant", BOTH)
 @pytest.mark.parametrize("connectivity", (4, 8))
-def test_adversarial_paths_converge_exactly(connectivity):
+def test_adversarial_paths_converge_exactly(connectivity, variant):
     # One long spiral / snake: labels must travel the whole path (hundreds of turns
     # would need hundreds of sweep rounds without pointer jumping).
     for mask in (spiral(*SHAPE), snake(*SHAPE), snake(SHAPE[1], SHAPE[0]).T.copy()):
-        check_against_scipy(mask, connectivity)
+        check_against_scipy(mask, connectivity, variant)
     # Diagonal staircase: one component for 8-connectivity, single pixels for 4.
     stairs = np.eye(*SHAPE, dtype=bool) | np.eye(*SHAPE, k=5, dtype=bool)
-    check_against_scipy(stairs, connectivity)
+    check_against_scipy(stairs, connectivity, variant)
+
+
+def _hard_masks(size):
+    """Masks whose labels travel far: spiral, snakes both ways, noise near the percolation
+    threshold, diagonal staircases (4- and 8-connected) and a comb."""
+    rng = np.random.default_rng(3)
+    staircase = np.zeros((size, size), bool)
+    staircase[np.arange(size - 1), np.arange(size - 1)] = True
+    staircase[np.arange(size - 1), np.arange(1, size)] = True
+    diagonals = np.zeros((size, size), bool)
+    for k in range(-size // 2, size // 2, 4):
+        diagonals |= np.eye(size, k=k, dtype=bool)
+    comb = np.zeros((size, size), bool)
+    comb[:, ::2] = True
+    comb[-1] = True
+    return {"spiral": spiral(size, size), "snake": snake(size, size), "snake_t": snake(size, size).T.copy(),
+            "noise50": rng.random((size, size)) < 0.5, "noise60": rng.random((size, size)) < 0.6,
+            "staircase": staircase, "diagonals": diagonals, "comb": comb}
+
+
+@pytest.mark.parametrize("connectivity", (4, 8))
+def test_accelerator_rounds_stay_few_on_hard_masks(connectivity):
+    # Each round is one host-synchronised loop iteration on a GPU: the run minima, the
+    # hooking and the pointer jumps must keep the count small where labels travel the
+    # whole image (a spiral of 256 x 256 has 128 turns and 32 000 pixels of path).
+    assert ACCELERATOR_JUMPS_PER_ROUND >= 1
+    rounds = {}
+    for name, mask in _hard_masks(256).items():
+        check_against_scipy(mask, connectivity, "accelerator")
+        rounds[name] = int(jax.jit(functools.partial(accelerator_rounds, connectivity=connectivity))(mask))
+    assert max(rounds.values()) <= 6, rounds
+    assert int(accelerator_rounds(np.zeros((8, 8), bool), connectivity)) == 0
+    assert int(accelerator_rounds(np.ones((8, 8), bool), connectivity)) == 1
+
+
+def _while_loops(fn, x, platform):
+    text = jax.jit(fn).trace(x).lower(lowering_platforms=(platform,)).as_text()
+    return text.count("stablehlo.while")
+
+
+@pytest.mark.parametrize("connectivity", (4, 8))
+@pytest.mark.parametrize("batched", (False, True))
+def test_the_platform_chooses_the_variant_in_the_lowering(connectivity, batched):
+    x = np.zeros((3, 40, 24) if batched else (40, 24), bool)
+
+    def lowered_loops(fn, platform):
+        fn = functools.partial(fn, connectivity=connectivity)
+        return _while_loops(jax.vmap(fn) if batched else fn, x, platform)
+
+    # CUDA: only the rounds loop; no scan over rows or columns.
+    assert lowered_loops(label_components, "cuda") == lowered_loops(label_components_accelerator, "cuda") == 1
+    # CPU: the row sweeps and column scans of the CPU variant, as before.
+    cpu_loops = lowered_loops(label_components_cpu, "cpu")
+    assert cpu_loops > 1
+    assert lowered_loops(label_components, "cpu") == cpu_loops
 
 
 def test_numbering_is_raster_order_of_first_pixel():
@@ -112,9 +183,10 @@ def test_component_sizes():
     np.testing.assert_array_equal(short, sizes[:3])
 
 
-def test_vmap_and_trace_count():
+@pytest.mark.parametrize("variant", ("per_platform",) + BOTH)
+def test_vmap_and_trace_count(variant):
     masks = np.stack([make_mask(p, SHAPE, 0.5, i) for i, p in enumerate(("blobs", "spiral", "empty", "full", "checker"))])
-    fn = jax.jit(jax.vmap(functools.partial(label_components, connectivity=8)))
+    fn = jax.jit(jax.vmap(functools.partial(VARIANTS[variant], connectivity=8)))
     labels, nums = fn(masks)
     for mask, lab, num in zip(masks, np.asarray(labels), np.asarray(nums)):
         ref, ref_num = ndi.label(mask, STRUCTURES[8])
@@ -124,12 +196,13 @@ def test_vmap_and_trace_count():
     assert fn._cache_size() == 1
 
 
-@pytest.mark.parametrize("shape", [(1, 17), (17, 1)])
-def test_single_row_and_column(shape):
+@pytest.mark.parametrize("variant", BOTH)
+@pytest.mark.parametrize("shape", [(1, 17), (17, 1), (1, 1)])
+def test_single_row_and_column(shape, variant):
     rng = np.random.default_rng(0)
     for connectivity in (4, 8):
         for mask in (rng.random(shape) < 0.5, np.ones(shape, bool), np.zeros(shape, bool)):
-            check_against_scipy(mask, connectivity)
+            check_against_scipy(mask, connectivity, variant)
 
 
 def test_bad_input_raises():
@@ -139,9 +212,15 @@ def test_bad_input_raises():
         label_components(np.zeros((3, 3, 3)))
     with pytest.raises(ValueError, match="labels"):
         component_sizes(np.zeros((3,), np.int32))
+    for variant in VARIANTS.values():
+        with pytest.raises(ValueError, match="connectivity"):
+            variant(np.zeros((3, 3)), connectivity=6)
+    with pytest.raises(ValueError, match="mask"):
+        accelerator_rounds(np.zeros((3,)))
 
 
-def test_real_masks_match_scipy(real_data_dir):
+@pytest.mark.parametrize("variant", BOTH)
+def test_real_masks_match_scipy(real_data_dir, variant):
     cv2 = pytest.importorskip("cv2")
     paths = sorted((real_data_dir / "davis" / "masks").glob("*.png"))[:2]
     if not paths:
@@ -150,12 +229,21 @@ def test_real_masks_match_scipy(real_data_dir):
         raw = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
         mask = raw.reshape(raw.shape[0], raw.shape[1], -1).any(axis=-1)  # rule: != 0
         for connectivity in (4, 8):
-            check_against_scipy(mask, connectivity)
-            check_against_scipy(~mask, connectivity)
+            check_against_scipy(mask, connectivity, variant)
+            check_against_scipy(~mask, connectivity, variant)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", BOTH)
 @settings(max_examples=100)
-@given(st.sampled_from([(9, 40), (40, 9), (2, 2)]).flatmap(mask_strategy), st.sampled_from((4, 8)))
-def test_more_shapes_slow(mask, connectivity):
-    check_against_scipy(mask, connectivity)
+@given(mask=st.sampled_from([(9, 40), (40, 9), (2, 2)]).flatmap(mask_strategy), connectivity=st.sampled_from((4, 8)))
+def test_more_shapes_slow(variant, mask, connectivity):
+    check_against_scipy(mask, connectivity, variant)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("connectivity", (4, 8))
+def test_accelerator_variant_on_large_hard_masks_slow(connectivity):
+    for name, mask in _hard_masks(1024).items():
+        check_against_scipy(mask, connectivity, "accelerator")
+        assert int(accelerator_rounds(mask, connectivity)) <= 6, name

@@ -58,8 +58,8 @@ The same invariants (labels only decrease, name a pixel of the own component no 
 raster order) and the same stopping rule hold, so the result is the same root and the
 same numbering (a ``lax.cumsum`` prefix instead of the column scan). Runs carry labels
 along straight lines in one step, the hooking and jumps merge whole groups: on
-1024x1024 masks this takes 2-3 rounds for blobs, spirals and snakes and at most 6 for
-random noise and diagonal staircases. ``label_components_cpu`` and
+1024x1024 masks this took 2-3 rounds for real object masks, blobs, spirals, snakes and
+diagonal staircases and 3-5 for random noise (tests/test_ops_components.py pins at most 6). ``label_components_cpu`` and
 ``label_components_accelerator`` run one variant on any platform (the tests check both
 against ``scipy.ndimage.label``). See docs/ARCHITECTURE.md (ops).
 """
