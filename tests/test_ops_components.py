@@ -24,6 +24,7 @@ from jaxseg_robust.ops.components import (
     label_components_cpu,
     largest_component,
 )
+from lowered_loops import while_loops
 from mask_patterns import PATTERNS, make_mask, mask_strategy, snake, spiral
 
 SHAPE = (21, 30)
@@ -118,11 +119,6 @@ def test_accelerator_rounds_stay_few_on_hard_masks(connectivity):
     assert int(accelerator_rounds(np.ones((8, 8), bool), connectivity)) == 1
 
 
-def _while_loops(fn, x, platform):
-    text = jax.jit(fn).trace(x).lower(lowering_platforms=(platform,)).as_text()
-    return text.count("stablehlo.while")
-
-
 @pytest.mark.parametrize("connectivity", (4, 8))
 @pytest.mark.parametrize("batched", (False, True))
 def test_the_platform_chooses_the_variant_in_the_lowering(connectivity, batched):
@@ -130,7 +126,7 @@ def test_the_platform_chooses_the_variant_in_the_lowering(connectivity, batched)
 
     def lowered_loops(fn, platform):
         fn = functools.partial(fn, connectivity=connectivity)
-        return _while_loops(jax.vmap(fn) if batched else fn, x, platform)
+        return while_loops(jax.vmap(fn) if batched else fn, x, platform=platform)
 
     # CUDA: only the rounds loop; no scan over rows or columns.
     assert lowered_loops(label_components, "cuda") == lowered_loops(label_components_accelerator, "cuda") == 1

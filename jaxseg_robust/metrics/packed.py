@@ -19,10 +19,20 @@ gets five numbers (docs/protocols/boundary_iou.md §2, docs/protocols/tetris.md
 Boundary bands are ``width`` 3x3 erosions with a zero outside (`boundary_band`);
 ``width`` may be traced (per-instance data inside a bucket). Pure, jit- and
 vmap-safe; callers use the fields they need (XLA drops the others).
+
+A traced width is eroded per platform, in one place (`eroded_by_traced_width`):
+the CPU iterates ``width`` erosions of radius 1 in a ``fori_loop``; on an accelerator
+that would be ``width`` sequential loop steps (each a host-synchronised XLA:GPU while
+iteration), so there one erosion of radius ``width`` is read from the doubling tables
+of `erode_square_packed_traced` (log-depth, static slices and selects, no loop). Both
+give the same pixels: a square erosion of radius ``a + b`` is the erosion of radius
+``a`` followed by ``b`` when the outside is background, and a radius above
+`emptying_radius` leaves nothing in either (docs/ARCHITECTURE.md, ops).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.struct
@@ -30,7 +40,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxseg_robust.ops.labels import IGNORE_LABEL
-from jaxseg_robust.ops.morphology import count_packed, erode_packed, pack_rows
+from jaxseg_robust.ops.morphology import count_packed, erode_packed, erode_square_packed_traced, pack_rows
 
 REFERENCE_IOU_EPS = 1e-6  # comp_hw.py and the jitter / user scripts: inter / (union + 1e-6)
 
@@ -54,8 +64,50 @@ def boundary_band(words, width, height: int) -> jnp.ndarray:
     """
     if isinstance(width, int):
         return words & ~erode_packed(words, width, height, shape="square", border_value=False)
-    eroded = lax.fori_loop(0, width, lambda _, w: erode_packed(w, 1, height), words)
-    return words & ~eroded
+    return words & ~eroded_by_traced_width(words, width, height)
+
+
+def emptying_radius(height: int, width: int) -> int:
+    """Smallest square radius whose erosion (outside = background) empties every ``height x width`` mask.
+
+    A pixel survives radius ``r`` only if ``2 r + 1 <= min(height, width)``.
+    """
+    return (min(height, width) - 1) // 2 + 1
+
+
+def _iterated_erosion(words, width, height: int) -> jnp.ndarray:
+    """CPU variant: ``width`` erosions of radius 1 (a ``fori_loop``; none for ``width <= 0``)."""
+    return lax.fori_loop(0, width, lambda _, w: erode_packed(w, 1, height), words)
+
+
+def _doubling_erosion(words, width, height: int) -> jnp.ndarray:
+    """Accelerator variant: one erosion of radius ``min(width, emptying_radius)`` from doubling tables."""
+    max_radius = emptying_radius(height, words.shape[-1])
+    return erode_square_packed_traced(words, jnp.clip(width, 0, max_radius), max_radius)
+
+
+def eroded_by_traced_width(words, width, height: int, *, variant: str = "per_platform") -> jnp.ndarray:
+    """``width`` 3x3 erosions (outside = background) of packed masks, the algorithm chosen per platform.
+
+    Args:
+      words: uint32[..., ceil(H/32), W] packed masks (`pack_rows`; padding bits 0).
+      width: i32[] (may be traced) number of erosions d; ``d <= 0`` erodes nothing.
+      height: static H.
+      variant: ``"per_platform"`` (``lax.platform_dependent``: the ``fori_loop`` on the
+        CPU, the doubling tables elsewhere), ``"cpu"`` or ``"accelerator"`` (one variant on
+        any platform; the tests compare them).
+    Returns:
+      uint32[..., ceil(H/32), W] (padding bits 0).
+    """
+    cpu = functools.partial(_iterated_erosion, height=height)
+    accelerator = functools.partial(_doubling_erosion, height=height)
+    if variant == "cpu":
+        return cpu(words, width)
+    if variant == "accelerator":
+        return accelerator(words, width)
+    if variant != "per_platform":
+        raise ValueError(f"variant must be 'per_platform', 'cpu' or 'accelerator', got {variant!r}")
+    return lax.platform_dependent(words, width, cpu=cpu, default=accelerator)
 
 
 @flax.struct.dataclass
@@ -133,5 +185,5 @@ def packed_scores(pred, target: PackedTarget, width) -> PackedScores:
         iou_reference=reference_inter / (reference_union + jnp.float32(REFERENCE_IOU_EPS)))
 
 
-__all__ = ["REFERENCE_IOU_EPS", "ratio", "boundary_band", "PackedTarget", "pack_target", "PackedScores",
-           "packed_scores"]
+__all__ = ["REFERENCE_IOU_EPS", "ratio", "boundary_band", "emptying_radius", "eroded_by_traced_width", "PackedTarget",
+           "pack_target", "PackedScores", "packed_scores"]
