@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from jaxseg_robust.data.masks_io import read_gt_mask
 from jaxseg_robust.metrics import masks as M
+from lowered_loops import while_loops
 
 # ---- OpenCV / NumPy re-statement of the official API (test-only oracle) -----------------
 
@@ -339,6 +340,13 @@ def test_every_metric_under_jit_and_vmap():
     boundary = jax.jit(jax.vmap(functools.partial(M.mask_to_boundary, width=2)))(pred)
     for i in range(3):
         np.testing.assert_array_equal(boundary[i], cv2_mask_to_boundary(pred[i], 2) > 0)
+
+
+def test_mask_scores_lower_without_loops_for_cuda():
+    # Static band widths are unrolled doubling erosions: the same loop-free program on accelerators.
+    gt = np.zeros((3, 24, 40), bool)
+    scores = jax.vmap(lambda g, p, v: M.mask_scores(g, p, v, width=7))
+    assert while_loops(scores, gt, gt, ~gt, platform="cuda") == 0
 
 
 def test_input_errors_are_named():

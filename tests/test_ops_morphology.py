@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxseg_robust.ops import morphology as morph
+from lowered_loops import while_loops
 
 # One canvas for the property tests (non-square, odd, crosses a 32-row word
 # boundary), so each (radius, op) compiles once per session.
@@ -206,6 +207,23 @@ def test_no_recompilation_for_same_shape():
     for _ in range(3):
         morph.erode(rng.random((2, 21, 23)) < 0.5, 3)
     assert morph.erode._cache_size() == before + 1
+
+
+def test_every_erosion_lowers_without_loops_for_cuda():
+    # Accelerators run the same program: no scan or loop whose trip count grows with the
+    # image or the radius (module docstring), for static and traced radii, batched.
+    masks = np.zeros((3, 40, 70), bool)
+    radii = np.array([1, 5, 17], np.int32)
+    functions = {
+        "erode square": (lambda m: morph.erode(m, 9), masks),
+        "dilate disk": (lambda m: morph.dilate(m, 9, shape="disk"), masks),
+        "traced erosion": (jax.vmap(lambda w, r: morph.erode_square_packed_traced(w, r, 33)),
+                           morph.pack_rows(masks), radii),
+        "uniform window": (jax.vmap(lambda lab, r: morph.uniform_window_traced(lab, r, 33)),
+                           masks.astype(np.int32), radii),
+    }
+    for name, (fn, *args) in functions.items():
+        assert while_loops(fn, *args, platform="cuda") == 0, name
 
 
 # ---- errors ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from jaxseg_robust.ops import render
+from lowered_loops import while_loops
 
 RADIUS = 5.0
 
@@ -369,6 +370,22 @@ def test_soft_rendering_under_jit_and_vmap():
     # a traced radius is accepted (soft_disk traces it)
     np.testing.assert_allclose(np.asarray(soft_disk(jnp.array([7.0, 7.0]), (14, 19), jnp.float32(3.0))),
                                np.asarray(soft_disk(jnp.array([7.0, 7.0]), (14, 19), 3.0)))
+
+
+def test_renderers_lower_without_loops_for_cuda():
+    # Closed forms per pixel: the same loop-free program on accelerators, gradient included.
+    points = jnp.zeros((3, 4, 2), jnp.float32)
+    labels = jnp.zeros((3, 4), jnp.int32)
+
+    def soft(coverage, n):
+        def loss(p, lab):
+            return jnp.sum(render.render_soft_click_maps(p, lab, (64, 48), coverage=coverage, samples_per_axis=n))
+        return jax.vmap(jax.value_and_grad(loss))
+
+    functions = {"hard": jax.vmap(lambda p, lab: render.hard_disk_click_maps(p, lab, (64, 48))),
+                 "area": soft("area", 1), "ramp": soft("ramp", 2)}
+    for name, fn in functions.items():
+        assert while_loops(fn, points, labels, platform="cuda") == 0, name
 
 
 def test_soft_rendering_rejects_bad_input():

@@ -58,6 +58,16 @@ lie below row ``H - 1`` (padding) are always 0 in inputs and outputs of the
 Every public array function is wrapped in ``jax.jit`` (radius, height, shape and
 border value static), so eager calls compile once per input shape; the
 functions compose with ``jit`` and ``vmap`` as usual.
+
+Accelerators: the same program serves every platform. Every function here is
+loop-free: the doubling levels are unrolled at trace time (``floor(log2 k) + 1``
+shifted ANDs per axis, a log-depth chain of whole-array steps that XLA fuses), the
+disk's rectangles are a static list, and the traced-radius erosions below select
+their level with selects and read it with dynamic slices. There is no scan or loop
+whose trip count grows with the image or the radius, so nothing needs a
+per-platform variant (docs/ARCHITECTURE.md, ops); ``tests/test_ops_morphology.py``
+pins that the CUDA lowering has no while loop. ``metrics.packed`` erodes by a traced
+band width with these tables on accelerators.
 """
 
 from __future__ import annotations
@@ -383,7 +393,8 @@ def dilate(mask, radius: int, *, shape: str = "square", border_value: bool = Fal
 # functions take the radius as a traced scalar shared by the whole batch (a
 # dynamic slice, never a gather) and ``max_radius`` as the static bound, so one
 # program serves every width up to it. Same doubling scheme as above, with the
-# number of doubling levels (floor(log2(2r + 1))) run by a ``fori_loop``.
+# doubling tables unrolled up to ``max_radius`` and the level floor(log2(2r + 1)) of the
+# traced radius picked by a chain of selects (no loop).
 
 def _traced_level(radius) -> jnp.ndarray:
     """``floor(log2(2r + 1))``: the doubling level whose span covers half the window ``2r + 1``."""

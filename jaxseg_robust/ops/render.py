@@ -40,6 +40,12 @@ Two renderers, both pure, jit- and vmap-safe:
   circle (area) or the ramp band (ramp) touches. The radius is treated as a
   constant (zero gradient) by ``coverage="area"``.
 
+Accelerators: both renderers are closed forms per pixel, evaluated by one broadcast
+over clicks and pixels (``vmap`` over the clicks, then a sum per sign); there is no
+loop, so the same program serves the CPU and accelerators (docs/ARCHITECTURE.md, ops;
+``tests/test_ops_render.py`` pins that the CUDA lowering, gradient included, has no
+while loop).
+
 Precision: the hard disks are float32 (as the reference); the soft renderers
 compute in float32, or in float64 when given float64 points under
 ``jax.enable_x64`` (the precise finite-difference references of the gradient
