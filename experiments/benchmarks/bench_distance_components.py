@@ -17,7 +17,8 @@ ratio ``reference / ours`` (> 1 = ours faster):
     one mask per call) and its ``jax.vmap`` over a batch of ``--batch`` copies (batched
     time divided by the batch size);
   * CC: ``scipy.ndimage.label`` (4- and 8-connectivity) vs ``label_components``
-    (jit, single and vmapped batch);
+    (jit, single and vmapped batch) and vs each of its variants forced on this platform
+    (``components_variant_rows``: the CPU sweeps, the accelerator's rounds);
   * clicker: one baseline click (two padded EDTs + argmax) re-stated with OpenCV as in
     the RITM code vs ``next_click`` (jit).
 Every result is first checked to be identical to the reference (exact squared
@@ -150,6 +151,7 @@ def run_benchmark(batch: int = 16, repeats: int = 5, parts=("edt", "cc", "click"
                 stack = np.broadcast_to(mask, (batch,) + mask.shape)
                 ms = median_ms(lambda: label_batch(stack)[0].block_until_ready(), max(1, repeats // 2)) / batch
                 record(f"cc{connectivity}", name, f"ours vmap B={batch}", ms, ref_ms)
+        results.update(components_variant_rows(masks, repeats, report))
     if "click" in parts:
         click = jax.jit(next_click)
         gt = masks["blobs60"]
@@ -194,6 +196,39 @@ def main(argv: list[str] | None = None) -> dict:
     print(describe_environment())
     print(f"masks {SIZE}x{SIZE}, batch {args.batch}, repeats {args.repeats}; times are noisy on a shared machine")
     return run_benchmark(args.batch, args.repeats, tuple(args.only.split(",")))
+
+
+def components_variant_rows(masks: dict, repeats: int, report=print) -> dict:
+    """Rows of ``label_components``'s two variants, each forced on this platform (ops/components.py).
+
+    The ``accelerator`` row is what GPUs run; on the CPU it only shows that variant's cost there.
+    Its impl column names the rounds it needed (one host-synchronised loop step each on a GPU).
+    Both are first checked equal to ``scipy.ndimage.label``. Returns {(part, mask, impl): ms per mask}.
+    """
+    import jax
+    import numpy as np
+    import scipy.ndimage as ndi
+
+    from jaxseg_robust.ops.components import accelerator_rounds, label_components_accelerator, label_components_cpu
+
+    results = {}
+    for connectivity, structure in ((4, None), (8, np.ones((3, 3), bool))):
+        variants = {"cpu variant": jax.jit(lambda m, c=connectivity: label_components_cpu(m, c)),
+                    "accelerator variant": jax.jit(lambda m, c=connectivity: label_components_accelerator(m, c))}
+        rounds = jax.jit(lambda m, c=connectivity: accelerator_rounds(m, c))
+        for name, mask in masks.items():
+            ref, num = ndi.label(mask, structure)
+            ref_ms = median_ms(lambda: ndi.label(mask, structure), repeats)
+            for impl, label in variants.items():
+                got, got_num = label(mask)
+                if not (np.array_equal(np.asarray(got), ref) and int(got_num) == num):
+                    raise AssertionError(f"{impl} label mismatch on {name}, connectivity {connectivity}")
+                ms = median_ms(lambda: label(mask)[0].block_until_ready(), repeats)
+                if impl == "accelerator variant":
+                    impl = f"accel. ({int(rounds(mask))} rounds)"
+                results[(f"cc{connectivity}", name, impl)] = ms
+                report(f"{'cc' + str(connectivity):<6}{name:<12}{impl:<22}{ms:>10.2f}{ref_ms / ms:>10.2f}")
+    return results
 
 
 if __name__ == "__main__":
