@@ -23,10 +23,22 @@ Conventions and degenerate inputs
   crops afterwards, i.e. the image border counts as background. This is the map the
   RITM baseline clicker uses (docs/protocols/tetris.md §1 steps 2-3). It always has a zero pixel.
 
-Algorithm (why this one)
-------------------------
-The squared EDT is separable: ``D(i, j) = min_j' (j - j')**2 + g(i, j')**2`` where
-``g`` is the 1-D distance to the nearest zero *within the column*.
+Two algorithms, one per kind of platform
+----------------------------------------
+``squared_distance_transform`` (and everything built on it) picks the algorithm by the
+platform it is lowered for, in one place (``lax.platform_dependent``): the CPU
+algorithm on the CPU, the accelerator algorithm on GPUs and other accelerators. Both
+are exact and give the same int32 values; ``squared_distance_transform_cpu`` and
+``squared_distance_transform_accelerator`` run one of them on any platform (tests and
+experiments/benchmarks/bench_distance_components.py). docs/ARCHITECTURE.md (ops) says
+why the platforms differ.
+
+Both use separability: ``D(i, j) = min_j' (j - j')**2 + g(i, j')**2`` where ``g`` is
+the 1-D distance to the nearest zero *within the column*.
+
+CPU algorithm
+~~~~~~~~~~~~~
+Made for XLA:CPU, where a sequential loop step is cheap and gathers are not.
 
 1. ``g`` is two ``lax.scan`` sweeps over rows (vectors of W lanes, O(HW)).
 2. The row pass (a 1-D lower envelope of parabolas per row) is the hard part under
@@ -49,11 +61,6 @@ The squared EDT is separable: ``D(i, j) = min_j' (j - j')**2 + g(i, j')**2`` whe
       Groups without unfinished rows, and the whole step when every row finished,
       are skipped by ``lax.cond``.
 
-   Batches: ``jax.vmap`` of these functions is routed (``jax.custom_batching``) to
-   the same code with the batch folded into the rows, so loop predicates stay
-   scalars (a plain vmap of a while loop would select the whole loop state, tables
-   included, every iteration) and unfinished rows of all masks are packed together.
-
    Measured alternatives on 1024x1024 masks (one core, noisy shared machine; see
    experiments/benchmarks/bench_distance_components.py): Meijster alone (all rows) is
    ~1.2-1.5x faster than scipy, bound by gathers; the windowed search alone is
@@ -63,8 +70,35 @@ The squared EDT is separable: ``D(i, j) = min_j' (j - j')**2 + g(i, j')**2`` whe
    loop; ~4.7 pop iterations per column on blob masks) was not faster than the
    state machine; brute force over all columns is O(H*W*W).
 
+Accelerator algorithm
+~~~~~~~~~~~~~~~~~~~~~
+Made for GPUs, where every sequential loop iteration is a kernel launch of a few
+hundred lanes and an XLA:GPU while loop copies its predicate to the host.
+
+1. ``g`` from two parallel prefix scans (``lax.associative_scan``): the nearest zero
+   above row i is the running maximum of the zero rows' indices, the nearest below
+   the running minimum from the bottom. About ``2 log2 H`` wide array steps, no loop.
+2. The row pass is the windowed search of the whole stack at once, with no fallback:
+   each iteration applies ``offset_block`` (default ``DEFAULT_OFFSET_BLOCK``)
+   consecutive offsets to every pixel in one fused element-wise step, and the loop
+   stops once ``d**2 >= max(D)`` over the whole stack or ``d >= W``. The one
+   ``while`` loop of the program therefore runs a handful of iterations on error
+   regions and object masks and at most ``ceil((W - 1) / offset_block)`` on
+   far-region maps (O(W) work per pixel there, but wide parallel work instead of
+   Meijster's ``2W`` dependent steps). No gathers, scatters, per-row loops or
+   ``lax.cond``.
+
+Batches: ``jax.vmap`` of these functions is routed (``jax.custom_batching``) to the same
+code with the batch folded into the stack, so loop predicates stay scalars (a plain
+vmap of a while loop would select the whole loop state, tables included, every
+iteration), unfinished rows of all masks are packed together on the CPU and the
+accelerator row pass stops on the largest distance of the whole batch.
+
 Limits: int32 arithmetic is exact while ``5 * max(H, W)**2 < 2**31`` (sides up to
-20000 pixels); a ValueError is raised beyond that.
+20000 pixels); a ValueError is raised beyond that. Every candidate ``f + d**2`` of
+either row pass has ``f <= (h + w)**2 <= 4 max(h, w)**2`` (a column without zeros) or
+the padding value ``2**30``, and ``d <= max(h, w) + offset_block``, so with
+``offset_block <= 1024`` it stays below ``2**31``.
 """
 
 from __future__ import annotations
