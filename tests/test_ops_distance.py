@@ -281,6 +281,15 @@ def test_accelerator_real_masks_match_scipy(real_data_dir):
         np.testing.assert_array_equal(np.asarray(fn(~mask)), reference_squared(~mask))
 
 
+@pytest.mark.slow
+@settings(max_examples=100)
+@given(st.sampled_from([(33, 7), (8, 41), (1, 1), (2, 3)]).flatmap(mask_strategy),
+       st.sampled_from(BLOCKS + (1,)), st.booleans())
+def test_accelerator_more_shapes_slow(mask, offset_block, pad_border):
+    got = np.asarray(_jitted_accelerator(offset_block, pad_border)(mask))
+    np.testing.assert_array_equal(got, reference_squared(mask, pad_border))
+
+
 def test_accelerator_bad_offset_block_raises():
     for offset_block in (0, 1025):
         with pytest.raises(ValueError, match="offset_block"):
