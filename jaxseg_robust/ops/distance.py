@@ -414,11 +414,15 @@ def _brute_force_row_pass(f: jax.Array, offset_block: int) -> jax.Array:
 
     def block(carry):
         offset, dist = carry
+        # Two dynamic windows per iteration, static slices of them per offset (one fusion).
+        span = width + offset_block - 1
+        left = lax.dynamic_slice_in_dim(padded, pad - offset - (offset_block - 1), span, axis=1)
+        right = lax.dynamic_slice_in_dim(padded, pad + offset, span, axis=1)
         for k in range(offset_block):
             d = offset + k
-            right = lax.dynamic_slice_in_dim(padded, pad + d, width, axis=1)
-            left = lax.dynamic_slice_in_dim(padded, pad - d, width, axis=1)
-            dist = jnp.minimum(dist, jnp.minimum(left, right) + d * d)
+            start = offset_block - 1 - k  # left[:, start + j] = f[j - d]; right[:, k + j] = f[j + d]
+            nearer = jnp.minimum(left[:, start:start + width], right[:, k:k + width])
+            dist = jnp.minimum(dist, nearer + d * d)
         return offset + offset_block, dist
 
     _, dist = lax.while_loop(keep_going, block, (jnp.int32(1), f))
