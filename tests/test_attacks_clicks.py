@@ -39,6 +39,7 @@ from jaxseg_robust.ops.render import disk_center, render_soft_disk
 from jaxseg_robust.prompts.types import make_prompts
 from jaxseg_robust.runner.engine import run
 from jaxseg_robust.runner.sharding import data_mesh, shard_batch
+from lowered_loops import lowered_text, while_condition_constants
 
 FRAME = (40, 48)
 CLICKS = 3
@@ -199,6 +200,20 @@ def test_location_distance_map_is_the_edt_to_the_region(height, width, seed, kin
     else:  # no region pixel: the image diagonal everywhere (OpenCV: ~1.8e19)
         want = np.full((height, width), math.hypot(height, width))
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_cuda_lowering_of_a_click_loops_over_no_rows(model):
+    # The per-click work of TETRIS on a GPU: the clicks and Adam steps are scans, the clicker's
+    # and the location loss's EDTs one column-offset loop each; no loop over the frame's rows.
+    seg, params = model
+    config = TetrisConfig(mode="min", n_clicks=CLICKS, n_opt_steps=STEPS)
+    x, transform = seg.preprocess(INSTANCES[1].image, frame_hw=FRAME)
+    features = jax.eval_shape(seg.embed, params, x)
+    text = lowered_text(functools.partial(click_trajectory, seg, config=config), params, features, transform,
+                        jax.ShapeDtypeStruct(FRAME, jnp.int8), jnp.int32(2), platform="cuda")
+    loops = while_condition_constants(text)
+    assert not any(bounds & {FRAME[0], FRAME[0] + 2} for bounds in loops)
+    assert sum(bool(bounds & {FRAME[1], FRAME[1] + 2}) for bounds in loops) == 2  # the two EDT row passes
 
 
 def test_location_error_region_sign_and_threshold():

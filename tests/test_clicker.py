@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxseg_robust.prompts.clicker import error_masks, mark_clicked, next_click
+from lowered_loops import lowered_text, while_condition_constants
 from mask_patterns import make_mask, mask_strategy
 
 SHAPE = (23, 31)
@@ -167,3 +168,15 @@ def test_bad_input_raises():
         next_click(np.zeros((2, 4, 5)), np.zeros((4, 5)), np.ones((4, 5), bool))
     with pytest.raises(ValueError, match="scalars"):
         mark_clicked(np.ones((4, 5), bool), np.zeros(2), 1.0)
+
+
+def test_cuda_lowering_runs_both_error_maps_in_one_loop_without_row_loops():
+    # On a GPU both padded EDTs are one stack through the accelerator EDT: one row-pass
+    # loop over (padded) columns, no loop over the 23 (25 padded) rows, also under vmap.
+    mask = jax.ShapeDtypeStruct(SHAPE, jnp.bool_)
+    batch = jax.ShapeDtypeStruct((5,) + SHAPE, jnp.bool_)
+    for fn, arg in ((next_click, mask), (jax.vmap(next_click), batch)):
+        loops = while_condition_constants(lowered_text(fn, arg, arg, arg, platform="cuda"))
+        assert len(loops) == 1
+        assert not loops[0] & {23, 25}
+        assert 33 in loops[0]  # stops when no column of the padded 31 + 2 is left

@@ -3,9 +3,13 @@
 Tolerances: the int32 squared distance must equal scipy's float64 distance squared
 and rounded to the nearest integer (exact); the float32 distance must equal
 ``float32(sqrt(that integer))`` exactly and scipy's float64 value to 1 ulp of float32
-(``rtol=2**-23``). Both execution paths of the row pass are exercised explicitly:
+(``rtol=2**-23``). Both execution paths of the CPU row pass are exercised explicitly:
 ``window=0`` forces Meijster's envelope, a tiny window mixes windowed rows and
 envelope rows, the default settings mostly take the windowed path on small masks.
+The accelerator algorithm (what ``squared_distance_transform`` runs on a GPU) is called
+directly on the CPU and checked against the same oracle, with the default offset block
+(one row-pass iteration on these masks) and a block of 3 (many iterations, early stop);
+the StableHLO lowered for CUDA and for the CPU shows which algorithm each platform gets.
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxseg_robust.ops.distance import (distance_transform_edt, no_zero_squared_distance,
-                                        squared_distance_transform)
+                                        squared_distance_transform, squared_distance_transform_accelerator,
+                                        squared_distance_transform_cpu)
+from lowered_loops import lowered_text, while_condition_constants
 from mask_patterns import PATTERNS, make_mask, mask_strategy
 
 SHAPE = (19, 26)
 # (window, row_group, envelope_group): default, envelope only, mixed.
 CONFIGS = ((None, None, None), (0, 8, 3), (2, 5, 4))
 DEFAULT, MIXED = CONFIGS[0], CONFIGS[2]
+# Accelerator offset blocks: the default (one iteration here) and 3 (several iterations).
+BLOCKS = (None, 3)
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,6 +44,12 @@ def _jitted(window, row_group, envelope_group, pad_border):
     kwargs = {k: v for k, v in (("window", window), ("row_group", row_group),
                                 ("envelope_group", envelope_group)) if v is not None}
     return jax.jit(functools.partial(squared_distance_transform, pad_border=pad_border, **kwargs))
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_accelerator(offset_block, pad_border):
+    kwargs = {} if offset_block is None else {"offset_block": offset_block}
+    return jax.jit(functools.partial(squared_distance_transform_accelerator, pad_border=pad_border, **kwargs))
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,3 +211,119 @@ def test_real_masks_match_scipy(real_data_dir):
         np.testing.assert_array_equal(np.asarray(fn(mask)), reference_squared(mask))
         # The "distance to the object" map of the location loss (large distances).
         np.testing.assert_array_equal(np.asarray(fn(~mask)), reference_squared(~mask))
+
+
+# ---- the accelerator algorithm, run on the CPU ---------------------------------------------
+
+@given(mask_strategy(SHAPE), st.sampled_from(BLOCKS), st.booleans())
+def test_accelerator_matches_scipy(mask, offset_block, pad_border):
+    got = np.asarray(_jitted_accelerator(offset_block, pad_border)(mask))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, reference_squared(mask, pad_border))
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_accelerator_every_pattern(pattern):
+    for seed, density in ((7, 0.4), (8, 0.9)):
+        mask = make_mask(pattern, SHAPE, density, seed)
+        for offset_block in BLOCKS:
+            np.testing.assert_array_equal(np.asarray(_jitted_accelerator(offset_block, False)(mask)),
+                                          reference_squared(mask))
+        np.testing.assert_array_equal(np.asarray(_jitted_accelerator(None, True)(mask)),
+                                      reference_squared(mask, True))
+
+
+@pytest.mark.parametrize("shape", [(1, 13), (13, 1), (1, 1)])
+def test_accelerator_single_row_and_column(shape):
+    rng = np.random.default_rng(3)
+    for mask in (rng.random(shape) < 0.5, rng.random(shape) < 0.9, np.zeros(shape, bool), np.ones(shape, bool)):
+        for offset_block, pad_border in ((3, False), (None, True)):
+            np.testing.assert_array_equal(np.asarray(_jitted_accelerator(offset_block, pad_border)(mask)),
+                                          reference_squared(mask, pad_border))
+
+
+def test_accelerator_far_region_and_block_of_one():
+    # Distances up to ~90 px: the row pass runs until no column is left (block 1: 89 iterations).
+    mask = np.ones((40, 90), bool)
+    mask[2, 3] = False
+    for offset_block in (1, 3, None):
+        got = np.asarray(_jitted_accelerator(offset_block, False)(mask))
+        np.testing.assert_array_equal(got, reference_squared(mask))
+    assert got.max() > 64 ** 2
+
+
+def test_accelerator_empty_full_and_cap():
+    h, w = SHAPE
+    fn = _jitted_accelerator(3, False)
+    assert np.all(np.asarray(fn(np.zeros(SHAPE, bool))) == 0)
+    np.testing.assert_array_equal(np.asarray(fn(np.ones(SHAPE, bool))), h * h + w * w)
+    rows, cols = np.indices(SHAPE)
+    to_border = np.minimum(np.minimum(rows + 1, h - rows), np.minimum(cols + 1, w - cols))
+    np.testing.assert_array_equal(np.asarray(_jitted_accelerator(3, True)(np.ones(SHAPE, bool))), to_border ** 2)
+
+
+def test_accelerator_vmap_and_nested_vmap_match_per_mask():
+    # The batch is folded into one stack: the row pass stops on the largest distance of
+    # all six masks (the "one_zero" mask), the others must still be exact.
+    masks = np.stack([make_mask(p, SHAPE, 0.5, i)
+                      for i, p in enumerate(("blobs", "one_zero", "lines", "rects", "full", "empty"))])
+    fn = jax.jit(jax.vmap(jax.vmap(_jitted_accelerator(3, False).__wrapped__)))
+    got = np.asarray(fn(masks.reshape(2, 3, *SHAPE))).reshape(masks.shape)
+    np.testing.assert_array_equal(got, np.stack([reference_squared(m) for m in masks]))
+    padded = jax.jit(jax.vmap(_jitted_accelerator(3, True).__wrapped__))(masks)
+    np.testing.assert_array_equal(np.asarray(padded), np.stack([reference_squared(m, True) for m in masks]))
+
+
+def test_accelerator_real_masks_match_scipy(real_data_dir):
+    fn = _jitted_accelerator(None, False)
+    for mask in _davis_masks(real_data_dir, 1):
+        np.testing.assert_array_equal(np.asarray(fn(mask)), reference_squared(mask))
+        np.testing.assert_array_equal(np.asarray(fn(~mask)), reference_squared(~mask))
+
+
+@pytest.mark.slow
+@settings(max_examples=100)
+@given(st.sampled_from([(33, 7), (8, 41), (1, 1), (2, 3)]).flatmap(mask_strategy),
+       st.sampled_from(BLOCKS + (1,)), st.booleans())
+def test_accelerator_more_shapes_slow(mask, offset_block, pad_border):
+    got = np.asarray(_jitted_accelerator(offset_block, pad_border)(mask))
+    np.testing.assert_array_equal(got, reference_squared(mask, pad_border))
+
+
+def test_accelerator_bad_offset_block_raises():
+    for offset_block in (0, 1025):
+        with pytest.raises(ValueError, match="offset_block"):
+            squared_distance_transform_accelerator(np.zeros((3, 3)), offset_block=offset_block)
+
+
+# ---- which algorithm each platform gets ----------------------------------------------------
+
+TALL = jax.ShapeDtypeStruct((37, 53), jnp.bool_)  # height 37 (39 padded) appears nowhere else
+
+
+@pytest.mark.parametrize("pad_border", [False, True])
+def test_cuda_lowering_has_one_loop_and_no_loop_over_rows(pad_border):
+    edt = functools.partial(squared_distance_transform, pad_border=pad_border)
+    batched = jax.ShapeDtypeStruct((4,) + TALL.shape, jnp.bool_)
+    for fn, arg in ((edt, TALL), (jax.vmap(edt), batched)):
+        loops = while_condition_constants(lowered_text(fn, arg, platform="cuda"))
+        assert len(loops) == 1  # the row pass; the column pass is a prefix scan
+        assert not loops[0] & {37, 39}
+        assert 53 in loops[0] or 55 in loops[0]  # it stops when no column is left
+
+
+def test_cpu_lowering_is_the_cpu_algorithm():
+    cpu = lowered_text(squared_distance_transform_cpu, TALL, platform="cpu")
+    dispatched = lowered_text(squared_distance_transform, TALL, platform="cpu")
+    loops = while_condition_constants(dispatched)
+    assert loops == while_condition_constants(cpu)
+    assert sum(37 in bounds for bounds in loops) == 2  # the two row-by-row column sweeps
+    assert len(loops) > 1
+
+
+def test_per_platform_algorithms_agree_with_each_other():
+    masks = [make_mask(p, SHAPE, 0.7, 5) for p in ("blobs", "one_zero", "spiral")]
+    for mask in masks:
+        cpu = np.asarray(jax.jit(squared_distance_transform_cpu)(mask))
+        np.testing.assert_array_equal(np.asarray(jax.jit(squared_distance_transform)(mask)), cpu)
+        np.testing.assert_array_equal(np.asarray(_jitted_accelerator(None, False)(mask)), cpu)

@@ -13,9 +13,22 @@ Masks (all 1024x1024 bool):
 
 Timed, per mask, medians over ``--repeats`` runs, reported in ms/mask with the
 ratio ``reference / ours`` (> 1 = ours faster):
-  * EDT: ``scipy.ndimage.distance_transform_edt`` vs ``distance_transform_edt`` (jit,
-    one mask per call) and its ``jax.vmap`` over a batch of ``--batch`` copies (batched
-    time divided by the batch size);
+  * EDT: ``scipy.ndimage.distance_transform_edt`` vs, for each ``--variant``, one mask
+    per jitted call and a ``jax.vmap`` over a batch of ``--batch`` copies (batched
+    time divided by the batch size):
+      - ``platform``: ``distance_transform_edt``, the algorithm the platform gets
+        (rows ``ours jit`` / ``ours vmap``);
+      - ``cpu``: ``squared_distance_transform_cpu``, the CPU algorithm (windowed search and
+        Meijster's envelope) on whatever platform runs the benchmark (rows ``cpu alg ...``);
+      - ``accelerator``: ``squared_distance_transform_accelerator``, the GPU algorithm
+        (prefix-scan column pass, blocked brute-force row pass; ``--offset-block``) on
+        whatever platform runs the benchmark (rows ``accel ...``).
+    The two variant rows time the int32 squared transform, the platform rows the float
+    distance. docs/ARCHITECTURE.md (ops) says why the platforms differ; the choice is
+    made once, by ``lax.platform_dependent`` in ``jaxseg_robust/ops/distance.py``.
+    Before timing, the script prints how many ``while`` loops the StableHLO lowered for
+    CUDA and for the CPU keeps for each variant (no GPU needed for that): on a GPU every
+    loop iteration is a kernel launch and a predicate copied to the host;
   * CC: ``scipy.ndimage.label`` (4- and 8-connectivity) vs ``label_components``
     (jit, single and vmapped batch) and vs each of its variants forced on this platform
     (``components_variant_rows``: the CPU sweeps, the accelerator's rounds);
@@ -25,7 +38,8 @@ Every result is first checked to be identical to the reference (exact squared
 distances, identical label maps and clicks).
 
 Run: ``python experiments/benchmarks/bench_distance_components.py [--batch 16]
-[--repeats 5] [--cpus N] [--only edt,cc,click]``. ``--cpus N`` pins the process to N
+[--repeats 5] [--cpus N] [--only edt,cc,click] [--variant platform,cpu,accelerator]
+[--offset-block N]``. ``--cpus N`` pins the process to N
 cores before JAX starts (scipy/OpenCV are single-threaded; XLA splits large loop
 bodies over its thread pool, which on a busy machine can cost more than it gains).
 For fair CPU timings set the allocator as in docs/benchmarking.md; the
@@ -47,6 +61,7 @@ import time
 
 MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 SIZE = 1024
+EDT_VARIANTS = ("platform", "cpu", "accelerator")
 REAL_DATA = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
 
 
@@ -101,15 +116,52 @@ def reference_click(gt, pred, not_clicked):
     return bool(positive), int(row), int(col)
 
 
+def edt_variants(names, offset_block: int | None = None) -> dict:
+    """{row label: (squared int32 transform, timed transform)} of the chosen ``--variant`` names.
+
+    ``offset_block``: the accelerator row pass's offsets per iteration (None: the library default).
+    """
+    import functools
+
+    from jaxseg_robust.ops.distance import (DEFAULT_OFFSET_BLOCK, distance_transform_edt,
+                                            squared_distance_transform, squared_distance_transform_accelerator,
+                                            squared_distance_transform_cpu)
+
+    offset_block = DEFAULT_OFFSET_BLOCK if offset_block is None else offset_block
+    accelerator = functools.partial(squared_distance_transform_accelerator, offset_block=offset_block)
+    table = {"platform": ("ours", squared_distance_transform, distance_transform_edt),
+             "cpu": ("cpu alg", squared_distance_transform_cpu, squared_distance_transform_cpu),
+             "accelerator": ("accel", accelerator, accelerator)}
+    unknown = [name for name in names if name not in table]
+    if unknown:
+        raise ValueError(f"--variant: unknown {', '.join(unknown)}; choose from {', '.join(EDT_VARIANTS)}")
+    return {table[name][0]: table[name][1:] for name in names}
+
+
+def while_loop_counts(variants: dict, size: int = SIZE, report=print) -> dict:
+    """Reports, per variant, the ``stablehlo.while`` ops of its lowering for CUDA and for the CPU."""
+    import jax
+    import jax.numpy as jnp
+
+    mask = jax.ShapeDtypeStruct((size, size), jnp.bool_)
+    counts = {}
+    for label, (squared, _) in variants.items():
+        for platform_name in ("cuda", "cpu"):
+            text = jax.jit(squared).trace(mask).lower(lowering_platforms=(platform_name,)).as_text()
+            counts[(label, platform_name)] = text.count("stablehlo.while")
+        report(f"edt {label:<8} while loops in the lowering: cuda {counts[(label, 'cuda')]}, "
+               f"cpu {counts[(label, 'cpu')]}")
+    return counts
+
+
 def run_benchmark(batch: int = 16, repeats: int = 5, parts=("edt", "cc", "click"),
-                  report=print) -> dict:
+                  report=print, variants=("platform", "accelerator"), offset_block: int | None = None) -> dict:
     """Times every part on every mask; returns {(part, mask, impl): ms per mask}."""
     import jax
     import numpy as np
     import scipy.ndimage as ndi
 
     from jaxseg_robust.ops.components import label_components
-    from jaxseg_robust.ops.distance import distance_transform_edt, squared_distance_transform
     from jaxseg_robust.prompts.clicker import next_click
 
     masks = make_masks()
@@ -119,22 +171,26 @@ def run_benchmark(batch: int = 16, repeats: int = 5, parts=("edt", "cc", "click"
         results[(part, name, impl)] = ms
         report(f"{part:<6}{name:<12}{impl:<22}{ms:>10.2f}{ref_ms / ms:>10.2f}")
 
+    if "edt" in parts:
+        chosen = edt_variants(variants, offset_block)
+        while_loop_counts(chosen, report=report)
     report(f"{'part':<6}{'mask':<12}{'implementation':<22}{'ms/mask':>10}{'ref/ours':>10}")
     if "edt" in parts:
-        edt = jax.jit(distance_transform_edt)
-        squared = jax.jit(squared_distance_transform)
-        edt_batch = jax.jit(jax.vmap(distance_transform_edt))
+        programs = {label: (jax.jit(squared), jax.jit(timed), jax.jit(jax.vmap(timed)))
+                    for label, (squared, timed) in chosen.items()}
         for name, mask in masks.items():
             ref = ndi.distance_transform_edt(mask)
-            exact = np.asarray(squared(mask))
-            if not np.array_equal(exact, np.rint(ref ** 2)):
-                raise AssertionError(f"EDT mismatch on {name}")
+            for label, (squared, _, _) in programs.items():
+                if not np.array_equal(np.asarray(squared(mask)), np.rint(ref ** 2)):
+                    raise AssertionError(f"EDT mismatch on {name} ({label})")
             ref_ms = median_ms(lambda: ndi.distance_transform_edt(mask), repeats)
             record("edt", name, "scipy", ref_ms, ref_ms)
-            record("edt", name, "ours jit", median_ms(lambda: edt(mask).block_until_ready(), repeats), ref_ms)
             stack = np.broadcast_to(mask, (batch,) + mask.shape)
-            ms = median_ms(lambda: edt_batch(stack).block_until_ready(), max(1, repeats // 2)) / batch
-            record("edt", name, f"ours vmap B={batch}", ms, ref_ms)
+            for label, (_, single, batched) in programs.items():
+                record("edt", name, f"{label} jit", median_ms(lambda: single(mask).block_until_ready(), repeats),
+                       ref_ms)
+                ms = median_ms(lambda: batched(stack).block_until_ready(), max(1, repeats // 2)) / batch
+                record("edt", name, f"{label} vmap B={batch}", ms, ref_ms)
     if "cc" in parts:
         for connectivity, structure in ((4, None), (8, np.ones((3, 3), bool))):
             label = jax.jit(lambda m, c=connectivity: label_components(m, c))
@@ -187,6 +243,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cpus", type=int, default=0, help="pin to this many cores (0 = leave as is)")
     parser.add_argument("--only", default="edt,cc,click", help="comma-separated subset of edt,cc,click")
+    parser.add_argument("--variant", default="platform,accelerator",
+                        help=f"EDT algorithms to time, comma-separated subset of {','.join(EDT_VARIANTS)}")
+    parser.add_argument("--offset-block", type=int, default=None,
+                        help="column offsets per row-pass iteration of the accelerator EDT (default: the library's)")
     args = parser.parse_args(argv)
     if args.cpus > 0:
         if "jax" in sys.modules:
@@ -195,7 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
         os.sched_setaffinity(0, set(available[: args.cpus]))
     print(describe_environment())
     print(f"masks {SIZE}x{SIZE}, batch {args.batch}, repeats {args.repeats}; times are noisy on a shared machine")
-    return run_benchmark(args.batch, args.repeats, tuple(args.only.split(",")))
+    return run_benchmark(args.batch, args.repeats, tuple(args.only.split(",")),
+                         variants=tuple(args.variant.split(",")), offset_block=args.offset_block)
 
 
 def components_variant_rows(masks: dict, repeats: int, report=print) -> dict:

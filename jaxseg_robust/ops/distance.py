@@ -23,10 +23,22 @@ Conventions and degenerate inputs
   crops afterwards, i.e. the image border counts as background. This is the map the
   RITM baseline clicker uses (docs/protocols/tetris.md §1 steps 2-3). It always has a zero pixel.
 
-Algorithm (why this one)
-------------------------
-The squared EDT is separable: ``D(i, j) = min_j' (j - j')**2 + g(i, j')**2`` where
-``g`` is the 1-D distance to the nearest zero *within the column*.
+Two algorithms, one per kind of platform
+----------------------------------------
+``squared_distance_transform`` (and everything built on it) picks the algorithm by the
+platform it is lowered for, in one place (``lax.platform_dependent``): the CPU
+algorithm on the CPU, the accelerator algorithm on GPUs and other accelerators. Both
+are exact and give the same int32 values; ``squared_distance_transform_cpu`` and
+``squared_distance_transform_accelerator`` run one of them on any platform (tests and
+experiments/benchmarks/bench_distance_components.py). docs/ARCHITECTURE.md (ops) says
+why the platforms differ.
+
+Both use separability: ``D(i, j) = min_j' (j - j')**2 + g(i, j')**2`` where ``g`` is
+the 1-D distance to the nearest zero *within the column*.
+
+CPU algorithm
+~~~~~~~~~~~~~
+Made for XLA:CPU, where a sequential loop step is cheap and gathers are not.
 
 1. ``g`` is two ``lax.scan`` sweeps over rows (vectors of W lanes, O(HW)).
 2. The row pass (a 1-D lower envelope of parabolas per row) is the hard part under
@@ -49,11 +61,6 @@ The squared EDT is separable: ``D(i, j) = min_j' (j - j')**2 + g(i, j')**2`` whe
       Groups without unfinished rows, and the whole step when every row finished,
       are skipped by ``lax.cond``.
 
-   Batches: ``jax.vmap`` of these functions is routed (``jax.custom_batching``) to
-   the same code with the batch folded into the rows, so loop predicates stay
-   scalars (a plain vmap of a while loop would select the whole loop state, tables
-   included, every iteration) and unfinished rows of all masks are packed together.
-
    Measured alternatives on 1024x1024 masks (one core, noisy shared machine; see
    experiments/benchmarks/bench_distance_components.py): Meijster alone (all rows) is
    ~1.2-1.5x faster than scipy, bound by gathers; the windowed search alone is
@@ -63,8 +70,35 @@ The squared EDT is separable: ``D(i, j) = min_j' (j - j')**2 + g(i, j')**2`` whe
    loop; ~4.7 pop iterations per column on blob masks) was not faster than the
    state machine; brute force over all columns is O(H*W*W).
 
+Accelerator algorithm
+~~~~~~~~~~~~~~~~~~~~~
+Made for GPUs, where every sequential loop iteration is a kernel launch of a few
+hundred lanes and an XLA:GPU while loop copies its predicate to the host.
+
+1. ``g`` from two parallel prefix scans (``lax.associative_scan``): the nearest zero
+   above row i is the running maximum of the zero rows' indices, the nearest below
+   the running minimum from the bottom. About ``2 log2 H`` wide array steps, no loop.
+2. The row pass is the windowed search of the whole stack at once, with no fallback:
+   each iteration applies ``offset_block`` (default ``DEFAULT_OFFSET_BLOCK``)
+   consecutive offsets to every pixel in one fused element-wise step, and the loop
+   stops once ``d**2 >= max(D)`` over the whole stack or ``d >= W``. The one
+   ``while`` loop of the program therefore runs a handful of iterations on error
+   regions and object masks and at most ``ceil((W - 1) / offset_block)`` on
+   far-region maps (O(W) work per pixel there, but wide parallel work instead of
+   Meijster's ``2W`` dependent steps). No gathers, scatters, per-row loops or
+   ``lax.cond``.
+
+Batches: ``jax.vmap`` of these functions is routed (``jax.custom_batching``) to the same
+code with the batch folded into the stack, so loop predicates stay scalars (a plain
+vmap of a while loop would select the whole loop state, tables included, every
+iteration), unfinished rows of all masks are packed together on the CPU and the
+accelerator row pass stops on the largest distance of the whole batch.
+
 Limits: int32 arithmetic is exact while ``5 * max(H, W)**2 < 2**31`` (sides up to
-20000 pixels); a ValueError is raised beyond that.
+20000 pixels); a ValueError is raised beyond that. Every candidate ``f + d**2`` of
+either row pass has ``f <= (h + w)**2 <= 4 max(h, w)**2`` (a column without zeros) or
+the padding value ``2**30``, and ``d <= max(h, w) + offset_block``, so with
+``offset_block <= 1024`` it stays below ``2**31``.
 """
 
 from __future__ import annotations
@@ -77,11 +111,14 @@ from jax import lax
 
 __all__ = [
     "squared_distance_transform",
+    "squared_distance_transform_cpu",
+    "squared_distance_transform_accelerator",
     "distance_transform_edt",
     "no_zero_squared_distance",
     "DEFAULT_WINDOW",
     "DEFAULT_ROW_GROUP",
     "DEFAULT_ENVELOPE_GROUP",
+    "DEFAULT_OFFSET_BLOCK",
 ]
 
 # Offsets tried by the windowed search before a row group falls back to Meijster.
@@ -92,6 +129,9 @@ DEFAULT_ROW_GROUP = 128
 DEFAULT_ENVELOPE_GROUP = 256
 # Offsets per windowed-search iteration (one fused XLA loop body).
 _UNROLL = 4
+# Column offsets per iteration of the accelerator row pass (one fused element-wise step).
+DEFAULT_OFFSET_BLOCK = 64
+_MAX_OFFSET_BLOCK = 1024
 
 _MAX_SIDE = 20000
 
@@ -324,13 +364,79 @@ def _row_pass(f: jax.Array, window: int, row_group: int, envelope_group: int) ->
     return lax.cond(jnp.all(converged), lambda d: d, envelope_for_open_rows, dist)
 
 
-def _squared_edt_stack(foreground: jax.Array, pad_border: bool, window: int, row_group: int,
-                       envelope_group: int) -> jax.Array:
-    """Squared EDT of a stack of masks, all rows of all masks processed together.
+def _accelerator_column_distance(zero: jax.Array, cap: int) -> jax.Array:
+    """``_column_distance`` as two parallel prefix scans instead of row-by-row sweeps.
+
+    The nearest zero above row i is ``max{i' <= i : zero[i']}`` (a running maximum of the
+    zero rows' indices), the nearest zero below a running minimum from the bottom; both
+    are ``lax.associative_scan`` (about ``2 log2 H`` wide array steps, no loop).
+
+    Args:
+      zero: bool[N, H, W], True where the mask is zero (axis 1 is the column axis).
+      cap: value for columns without any zero (any value > every real distance).
+    Returns:
+      int32[N, H, W], ``min(|i - i'|, cap)`` over zero pixels (n, i', j) of each column.
+    """
+    height = zero.shape[1]
+    rows = lax.broadcasted_iota(jnp.int32, zero.shape, 1)
+    # Sentinels at distance >= cap from every row, so "no zero on that side" gives cap.
+    above = lax.associative_scan(jnp.maximum, jnp.where(zero, rows, -cap), axis=1)
+    below = lax.associative_scan(jnp.minimum, jnp.where(zero, rows, height - 1 + cap), axis=1, reverse=True)
+    return jnp.minimum(jnp.minimum(rows - above, below - rows), cap)
+
+
+def _brute_force_row_pass(f: jax.Array, offset_block: int) -> jax.Array:
+    """Exact ``min_j' (j - j')**2 + f[i, j']`` by trying column offsets in wide blocks.
+
+    Each loop iteration applies ``D <- min(D, min(f[j - d], f[j + d]) + d**2)`` for
+    ``offset_block`` consecutive offsets d to every pixel of the stack (one fused
+    element-wise step); the loop stops once ``d**2 >= max(D)`` over the whole stack
+    (no farther column can improve any pixel) or no column is left (``d >= W``), so it
+    runs at most ``ceil((W - 1) / offset_block)`` iterations.
+
+    Args:
+      f: int32[R, W] squared column distances (every row of every mask of the stack).
+      offset_block: static offsets per iteration.
+    Returns:
+      int32[R, W] squared distances in pixels**2.
+    """
+    width = f.shape[1]
+    n_blocks = -(-(width - 1) // offset_block)
+    if n_blocks == 0:
+        return f
+    pad = n_blocks * offset_block
+    far = jnp.int32(2 ** 30)  # + d**2 stays below 2**31 for d <= pad (see _check_offset_block)
+    padded = jnp.pad(f, ((0, 0), (pad, pad)), constant_values=far)
+
+    def keep_going(carry):
+        offset, dist = carry
+        return (offset < width) & (offset * offset < jnp.max(dist))
+
+    def block(carry):
+        offset, dist = carry
+        # Two dynamic windows per iteration, static slices of them per offset (one fusion).
+        span = width + offset_block - 1
+        left = lax.dynamic_slice_in_dim(padded, pad - offset - (offset_block - 1), span, axis=1)
+        right = lax.dynamic_slice_in_dim(padded, pad + offset, span, axis=1)
+        for k in range(offset_block):
+            d = offset + k
+            start = offset_block - 1 - k  # left[:, start + j] = f[j - d]; right[:, k + j] = f[j + d]
+            nearer = jnp.minimum(left[:, start:start + width], right[:, k:k + width])
+            dist = jnp.minimum(dist, nearer + d * d)
+        return offset + offset_block, dist
+
+    _, dist = lax.while_loop(keep_going, block, (jnp.int32(1), f))
+    return dist
+
+
+def _edt_frame(foreground: jax.Array, pad_border: bool, transform_zero) -> jax.Array:
+    """The border padding and the no-zero cap around one squared-EDT algorithm.
 
     Args:
       foreground: bool[N, H, W].
-      pad_border, window, row_group, envelope_group: see ``squared_distance_transform``.
+      pad_border: see ``squared_distance_transform``.
+      transform_zero: ``(zero bool[N, h, w], cap) -> int32[N, h, w]``, the squared EDT of
+        the (padded) masks, ``cap = h + w`` standing for "no zero in this column".
     Returns:
       int32[N, H, W].
     """
@@ -340,27 +446,77 @@ def _squared_edt_stack(foreground: jax.Array, pad_border: bool, window: int, row
     ph, pw = foreground.shape[1:]
     zero = ~foreground
     cap = ph + pw  # larger than any in-image distance; columns without zeros
-    g = jnp.moveaxis(_column_distance(jnp.moveaxis(zero, 1, 0), cap), 0, 1)
-    dist = _row_pass((g * g).reshape(count * ph, pw), window, row_group, envelope_group)
-    dist = dist.reshape(count, ph, pw)
+    dist = transform_zero(zero, cap)
     if pad_border:
         return dist[:, 1:-1, 1:-1]
     has_zero = jnp.any(zero, axis=(1, 2))
     return jnp.where(has_zero[:, None, None], dist, no_zero_squared_distance(height, width))
 
 
+def _squared_edt_stack(foreground: jax.Array, pad_border: bool, window: int, row_group: int,
+                       envelope_group: int) -> jax.Array:
+    """Squared EDT of a stack of masks, CPU algorithm: all rows of all masks processed together.
+
+    Args:
+      foreground: bool[N, H, W].
+      pad_border, window, row_group, envelope_group: see ``squared_distance_transform``.
+    Returns:
+      int32[N, H, W].
+    """
+    def transform_zero(zero, cap):
+        count, ph, pw = zero.shape
+        g = jnp.moveaxis(_column_distance(jnp.moveaxis(zero, 1, 0), cap), 0, 1)
+        dist = _row_pass((g * g).reshape(count * ph, pw), window, row_group, envelope_group)
+        return dist.reshape(count, ph, pw)
+
+    return _edt_frame(foreground, pad_border, transform_zero)
+
+
+def _accelerator_edt_stack(foreground: jax.Array, pad_border: bool, offset_block: int) -> jax.Array:
+    """Squared EDT of a stack of masks, accelerator algorithm (prefix-scan columns, brute-force rows).
+
+    Args:
+      foreground: bool[N, H, W].
+      pad_border, offset_block: see ``squared_distance_transform_accelerator``.
+    Returns:
+      int32[N, H, W].
+    """
+    def transform_zero(zero, cap):
+        count, ph, pw = zero.shape
+        g = _accelerator_column_distance(zero, cap)
+        return _brute_force_row_pass((g * g).reshape(count * ph, pw), offset_block).reshape(count, ph, pw)
+
+    return _edt_frame(foreground, pad_border, transform_zero)
+
+
+def _per_platform_edt_stack(foreground: jax.Array, pad_border: bool, window: int, row_group: int,
+                            envelope_group: int) -> jax.Array:
+    """The CPU algorithm on the CPU, the accelerator algorithm everywhere else (decided at lowering)."""
+    return lax.platform_dependent(
+        foreground,
+        cpu=functools.partial(_squared_edt_stack, pad_border=pad_border, window=window, row_group=row_group,
+                              envelope_group=envelope_group),
+        default=functools.partial(_accelerator_edt_stack, pad_border=pad_border,
+                                  offset_block=DEFAULT_OFFSET_BLOCK))
+
+
 @functools.lru_cache(maxsize=None)
-def _stack_transform(pad_border: bool, window: int, row_group: int, envelope_group: int):
-    """``_squared_edt_stack`` with a vmap rule that folds vmapped axes into the stack.
+def _stack_transform(stack_edt, settings: tuple):
+    """``stack_edt(foreground, *settings)`` with a vmap rule that folds vmapped axes into the stack.
 
     Under plain ``jax.vmap`` the while loops would get batched predicates, and JAX then
     selects the whole loop state (including the envelope tables) every iteration;
-    folding the batch into the stack keeps one scalar predicate and lets the envelope
-    fallback pack the unfinished rows of all masks together.
+    folding the batch into the stack keeps one scalar predicate, lets the CPU envelope
+    fallback pack the unfinished rows of all masks together and lets the accelerator
+    row pass stop on the maximum of the whole batch.
+
+    Args:
+      stack_edt: one of the module's ``bool[N, H, W] -> int32[N, H, W]`` stack functions.
+      settings: its static arguments after ``foreground``.
     """
     @jax.custom_batching.custom_vmap
     def transform(foreground):
-        return _squared_edt_stack(foreground, pad_border, window, row_group, envelope_group)
+        return stack_edt(foreground, *settings)
 
     @transform.def_vmap
     def _fold_batch(axis_size, in_batched, foreground):
@@ -373,21 +529,38 @@ def _stack_transform(pad_border: bool, window: int, row_group: int, envelope_gro
     return transform
 
 
+def _check_cpu_settings(window: int, row_group: int, envelope_group: int) -> None:
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    if row_group < 1 or envelope_group < 1:
+        raise ValueError(f"row_group and envelope_group must be >= 1, got {row_group}, {envelope_group}")
+
+
+def _check_offset_block(offset_block: int) -> None:
+    # far (2**30) and any f <= (2 * _MAX_SIDE)**2 plus d**2 with d <= _MAX_SIDE + offset_block stay < 2**31.
+    if not 1 <= offset_block <= _MAX_OFFSET_BLOCK:
+        raise ValueError(f"offset_block must be in [1, {_MAX_OFFSET_BLOCK}], got {offset_block}")
+
+
 def squared_distance_transform(mask: jax.Array, *, pad_border: bool = False,
                                window: int = DEFAULT_WINDOW,
                                row_group: int = DEFAULT_ROW_GROUP,
                                envelope_group: int = DEFAULT_ENVELOPE_GROUP) -> jax.Array:
     """Exact squared Euclidean distance from every pixel to the nearest zero pixel.
 
+    The algorithm is chosen by the platform the program is lowered for (module doc):
+    ``squared_distance_transform_cpu`` on the CPU, ``squared_distance_transform_accelerator``
+    (with ``DEFAULT_OFFSET_BLOCK``) on GPUs and other accelerators; the values are the same.
+
     Args:
       mask: [H, W] array of any dtype; non-zero = foreground (gets a distance),
         zero = background (gets 0).
       pad_border: if True, zero-pad by one pixel on every side, transform, crop back
         (the image border counts as background; RITM clicker convention).
-      window: static; offsets tried by the windowed search (rounded up to a multiple
+      window: static; offsets tried by the CPU windowed search (rounded up to a multiple
         of 4) before falling back to Meijster's envelope (0 = always Meijster).
         Affects speed only, never values.
-      row_group, envelope_group: static; rows processed together by the windowed
+      row_group, envelope_group: static; rows processed together by the CPU windowed
         search and by the envelope fallback. Affect speed only.
     Returns:
       int32[H, W] squared distances in pixels**2. If the (padded) mask has no zero
@@ -395,11 +568,47 @@ def squared_distance_transform(mask: jax.Array, *, pad_border: bool = False,
     """
     mask = jnp.asarray(mask)
     _check_mask(mask)
-    if window < 0:
-        raise ValueError(f"window must be >= 0, got {window}")
-    if row_group < 1 or envelope_group < 1:
-        raise ValueError(f"row_group and envelope_group must be >= 1, got {row_group}, {envelope_group}")
-    transform = _stack_transform(bool(pad_border), int(window), int(row_group), int(envelope_group))
+    _check_cpu_settings(window, row_group, envelope_group)
+    transform = _stack_transform(_per_platform_edt_stack,
+                                 (bool(pad_border), int(window), int(row_group), int(envelope_group)))
+    return transform((mask != 0)[None])[0]
+
+
+def squared_distance_transform_cpu(mask: jax.Array, *, pad_border: bool = False,
+                                   window: int = DEFAULT_WINDOW,
+                                   row_group: int = DEFAULT_ROW_GROUP,
+                                   envelope_group: int = DEFAULT_ENVELOPE_GROUP) -> jax.Array:
+    """``squared_distance_transform`` with the CPU algorithm on any platform (same arguments).
+
+    Windowed search plus Meijster's envelope (module doc); for tests and benchmarks.
+    """
+    mask = jnp.asarray(mask)
+    _check_mask(mask)
+    _check_cpu_settings(window, row_group, envelope_group)
+    transform = _stack_transform(_squared_edt_stack,
+                                 (bool(pad_border), int(window), int(row_group), int(envelope_group)))
+    return transform((mask != 0)[None])[0]
+
+
+def squared_distance_transform_accelerator(mask: jax.Array, *, pad_border: bool = False,
+                                           offset_block: int = DEFAULT_OFFSET_BLOCK) -> jax.Array:
+    """``squared_distance_transform`` with the accelerator algorithm on any platform.
+
+    Prefix-scan column pass and blocked brute-force row pass (module doc); what
+    ``squared_distance_transform`` runs on a GPU, callable on the CPU for tests and benchmarks.
+
+    Args:
+      mask: [H, W] array of any dtype; non-zero = foreground.
+      pad_border: zero-pad by one pixel (border counts as background), then crop.
+      offset_block: static; column offsets per row-pass iteration (1 to 1024). Affects
+        speed only, never values.
+    Returns:
+      int32[H, W] squared distances in pixels**2 (``H**2 + W**2`` everywhere without a zero).
+    """
+    mask = jnp.asarray(mask)
+    _check_mask(mask)
+    _check_offset_block(offset_block)
+    transform = _stack_transform(_accelerator_edt_stack, (bool(pad_border), int(offset_block)))
     return transform((mask != 0)[None])[0]
 
 
