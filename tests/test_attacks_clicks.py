@@ -214,6 +214,7 @@ def test_cuda_lowering_of_a_click_loops_over_no_rows(model):
     loops = while_condition_constants(text)
     assert not any(bounds & {FRAME[0], FRAME[0] + 2} for bounds in loops)
     assert sum(bool(bounds & {FRAME[1], FRAME[1] + 2}) for bounds in loops) == 2  # the two EDT row passes
+    assert len(loops) == 4  # the clicks, the Adam steps and the two EDT row passes: the bands have no loop
 
 
 def test_location_error_region_sign_and_threshold():
