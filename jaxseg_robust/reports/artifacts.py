@@ -16,7 +16,8 @@ records, one file or line per instance:
   ``RUN_DIR/timings[.process<k>].jsonl``
       one JSON line per instance and evaluation, written by every protocol
       (`timed_finalize`): ``dataset``, ``id``, ``batch_seconds`` (device
-      time of the batch: the jitted call until ``block_until_ready``),
+      time of the batch: from the jitted call, or the end of the batch
+      before it on the device, until its outputs are ready),
       ``batch_wall_seconds`` (wall time of the batch: the host preparation
       of the padded batch and that call; `runner.program.BatchProgram`,
       perturb: its batch function), ``batch_instances`` (real instances in

@@ -3,8 +3,8 @@
 Reads the side files of `jaxseg_robust.reports.artifacts` (``timings*.jsonl``,
 ``compile.jsonl``) and adds to a protocol's per-dataset table:
 
-  sec_device    mean device seconds per instance of the dataset: the jitted batch
-                call until ``block_until_ready``, divided over the batch's instances;
+  sec_device    mean device seconds per instance of the dataset: the batch's device
+                time until its outputs are ready, divided over the batch's instances;
   sec_wall      mean wall seconds per instance: the batch's host preparation and
                 that call, divided the same way (`jaxseg_robust.runner.program.BatchProgram`);
   compile_sec   the run directory's total compile seconds (every bucket program of

@@ -218,6 +218,7 @@ class RecordThread:
         self._write = write
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
+        self._written = threading.Condition()  # notified after each group
         self._thread = threading.Thread(target=self._loop, name="jaxseg-records", daemon=True)
         self._thread.start()
 
@@ -232,7 +233,9 @@ class RecordThread:
             except BaseException as error:  # noqa: BLE001 - handed to the compute stage
                 self._error = error
             finally:
-                self._queue.task_done()
+                with self._written:
+                    self._queue.task_done()
+                    self._written.notify_all()
 
     def raise_error(self) -> None:
         """Re-raises the writer's error, if any."""
@@ -246,8 +249,9 @@ class RecordThread:
 
     def wait_below(self, count: int) -> None:
         """Waits until fewer than ``count`` groups wait for the writer (interruptible)."""
-        while self._queue.unfinished_tasks >= count and self._error is None:
-            threading.Event().wait(0.01)
+        with self._written:
+            while self._queue.unfinished_tasks >= count and self._error is None:
+                self._written.wait(0.5)
         self.raise_error()
 
     def close(self) -> None:
