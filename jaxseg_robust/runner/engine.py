@@ -104,7 +104,6 @@ import numpy as np
 from jaxseg_robust.data.buckets import (
     ExactFrame,
     FramePolicy,
-    Frame,
     bucket_instances,
     chunks,
     policy_description,
