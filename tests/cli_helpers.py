@@ -199,3 +199,16 @@ def assert_timed_summary(out) -> None:
     markdown = (out / "summary.md").read_text()
     assert "| dataset | timed | s/instance device | s/instance wall |" in markdown
     assert f"compile: {sum(e['seconds'] for e in events):.1f} s for {len(events)} bucket program(s)" in markdown
+    assert_device_busy_line(out, markdown)
+
+
+def assert_device_busy_line(out, markdown: str) -> None:
+    """The compile line of ``markdown`` ends with the run's device busy share, a share of a positive wall
+    time after compile that `reports.timing_summary.device_busy` reads back from the side files."""
+    from jaxseg_robust.reports.artifacts import read_compile_events, read_timing_lines  # noqa: PLC0415
+    from jaxseg_robust.reports.timing_summary import device_busy  # noqa: PLC0415
+
+    busy = device_busy(read_timing_lines(out), read_compile_events(out))
+    assert busy is not None and busy.wall > 0 and 0 < busy.busy <= busy.wall + 1e-6
+    [compile_line] = [line for line in markdown.splitlines() if line.startswith("compile: ")]
+    assert compile_line.endswith(f"; device busy {100 * busy.share:.0f} % of {busy.wall:.1f} s after compile")

@@ -26,7 +26,7 @@ from jaxseg_robust.reports import perturb as report
 from jaxseg_robust.runner.records import read_run_records
 from jaxseg_robust.models import store
 
-from cli_helpers import assert_argparse_rejects
+from cli_helpers import assert_argparse_rejects, assert_device_busy_line
 from dense_configs import TINY_DEEPLAB, TINY_U2NET
 
 HEIGHT, WIDTH = 14, 18
@@ -143,6 +143,7 @@ def test_seconds_per_instance_and_compile_time_in_the_run_directory_and_summary(
     markdown = (out / "summary.md").read_text()
     assert "| dataset | timed | s/instance device | s/instance wall |" in markdown
     assert f"compile: {sum(e['seconds'] for e in events):.1f} s for {len(events)} bucket program(s)" in markdown
+    assert_device_busy_line(out, markdown)
 
 
 def test_rerun_resumes_and_a_broken_instance_gives_exit_1(first_run, capsys):

@@ -49,18 +49,21 @@ def test_timed_finalize_writes_timings_and_compiles_and_passes_the_rest_on(tmp_p
     from jaxseg_robust.runner.program import TIMING_KEY, CompileEvent, CompileLog, batch_timing
 
     log = CompileLog()
-    log.add(CompileEvent("toy program", (8, 16), 2, 1.5))
+    log.add(CompileEvent("toy program", (8, 16), 2, 1.5, 1000.0))
     finalize = artifacts.timed_finalize(tmp_path, log, clicks=4,
                                         finalize=lambda instance, outputs: {"kept": sorted(outputs)})
     instance = make_instance("a", np.zeros((4, 4, 3), np.uint8), np.ones((4, 4), np.int8), dataset="d")
-    timing = {k: v[0] for k, v in batch_timing(np.array([True, True]), 0.5, 0.75).items()}
+    timing = {k: v[0] for k, v in batch_timing(np.array([True, True]), 0.5, 0.75, 990.0, 1001.0).items()}
     assert finalize(instance, {"iou": 1.0, TIMING_KEY: timing}) == {"kept": ["iou"]}
     other = make_instance("b", np.zeros((4, 4, 3), np.uint8), np.ones((4, 4), np.int8), dataset="d")
     assert artifacts.timed_finalize(tmp_path, log)(other, {"iou": 0.5, TIMING_KEY: timing}) == {"iou": 0.5}
     entry = artifacts.read_timings(tmp_path)[("d", "a")]
     assert (entry["seconds"], entry["wall_seconds"], entry["batch_instances"], entry["clicks"]) == (0.25, 0.375, 2, 4)
+    assert (entry["batch_started"], entry["batch_ended"]) == (990.0, 1001.0)
+    assert artifacts.read_timings(tmp_path)[("d", "b")]["session"] not in ("", entry["session"])  # one per finalize
     [event] = artifacts.read_compile_events(tmp_path)  # drained once: one line
-    assert event == {"program": "toy program", "frame": [8, 16], "batch": 2, "seconds": 1.5, "process": 0}
+    assert event == {"program": "toy program", "frame": [8, 16], "batch": 2, "seconds": 1.5, "process": 0,
+                     "ended": 1000.0, "session": entry["session"]}
     with open(tmp_path / artifacts.COMPILE_LOG, "a") as handle:  # perturb's session summary line is not a bucket
         handle.write('{"programs": 3, "compile_seconds": 9.0}\n{"program": "cut')
     assert len(artifacts.read_compile_events(tmp_path)) == 1

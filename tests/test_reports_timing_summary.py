@@ -11,10 +11,15 @@ import pytest
 from jaxseg_robust.reports import artifacts
 from jaxseg_robust.reports.timing_summary import (
     CompileTotal,
+    DeviceBusy,
+    add_run_timing,
     add_timing,
     compile_total,
     csv_with_timing,
     dataset_seconds,
+    device_busy,
+    merged_intervals,
+    overlap_seconds,
     timing_markdown,
 )
 from jaxseg_robust.runner.program import CompileEvent
@@ -53,3 +58,41 @@ def test_add_timing_reads_the_run_directory(tmp_path):
     markdown, csv_text = add_timing(tmp_path, "| dataset |\n|---|\n| A |", "dataset\nA\n")
     assert markdown.startswith("| dataset |\n|---|\n| A |\n\n| dataset | timed | s/instance device |")
     assert csv_text == "dataset,sec_device,sec_wall,compile_sec\nA,0.5,0.75,2.0\n"
+    assert "device busy" not in markdown  # a line without the batch timestamps: no share
+
+
+def test_interval_union_and_overlap():
+    assert merged_intervals([(5, 7), (1, 3), (2, 4), (6, 6), (math.nan, 9)]) == [(1, 4), (5, 7)]
+    assert overlap_seconds([(1, 4), (5, 7)], [(3, 6)]) == 2.0
+    assert overlap_seconds([(0, 10)], []) == 0.0
+
+
+def _synthetic_run(run_dir):
+    """Two sessions. s1: batches A (host from 100, device 102-112) and B (host from 104, device 116-124),
+    a compile 100-103; s2: one batch (host from 500, device 502-504); and an old line without stamps."""
+    def line(key, seconds, span, session, instances=1):
+        artifacts.append_timing(run_dir, artifacts.timing_line(key, seconds, instances, 0, seconds + 1, span, session))
+
+    line(("A", "1"), 10.0, (100.0, 112.0), "s1", 2)
+    line(("A", "2"), 10.0, (100.0, 112.0), "s1", 2)  # the same batch: counted once
+    line(("A", "3"), 8.0, (104.0, 124.0), "s1")
+    line(("B", "1"), 2.0, (500.0, 504.0), "s2")
+    line(("B", "2"), 7.0, (math.nan, math.nan), "")
+    artifacts.append_compile_events(run_dir, [CompileEvent("p", (8, 8), 2, 3.0, 103.0)], 0, "s1")
+    artifacts.append_compile_events(run_dir, [CompileEvent("p", (8, 8), 1, 50.0, 560.0)], 0, "s2")  # after s2's span
+
+
+def test_device_busy_share_of_a_synthetic_run(tmp_path):
+    _synthetic_run(tmp_path)
+    busy = device_busy(artifacts.read_timing_lines(tmp_path), artifacts.read_compile_events(tmp_path))
+    # s1: wall 24 - 3 (compile) = 21, busy 10 + 8 - 1 (102-103 is compile) = 17; s2: wall 4, busy 2
+    assert busy == DeviceBusy(19.0, 25.0, 2) and busy.share == pytest.approx(0.76)
+    markdown, _ = add_timing(tmp_path, "| dataset |\n|---|\n| A |", "dataset\nA\nB\n")
+    compile_line = markdown.splitlines()[-1]
+    assert compile_line.startswith("compile: 53.0 s for 2 bucket program(s), in no per-instance time")
+    assert compile_line.endswith("; device busy 76 % of 25.0 s after compile")
+    run_markdown, _ = add_run_timing(tmp_path, "| attack |", "attack\nx\n")
+    assert run_markdown.endswith("; device busy 76 % of 25.0 s after compile")
+    assert device_busy([{"seconds": 1.0, "batch_seconds": 1.0}], []) is None
+    assert math.isnan(DeviceBusy(0.0, 0.0, 1).share) and "device busy" not in timing_markdown(
+        [], CompileTotal(0, 0.0), DeviceBusy(0.0, 0.0, 1))

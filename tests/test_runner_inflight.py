@@ -108,3 +108,23 @@ def test_kill_counts_and_compaction(tmp_path):
         assert journal.open(recorded={a}) == {b: 2}
     with InflightJournal(tmp_path, 3) as journal:  # the rewrite keeps exactly what is still unresolved
         assert journal.open(recorded=set()) == {b: 2}
+
+
+def test_several_groups_in_flight_each_resolve_alone(tmp_path):
+    """With prefetching a few groups are in flight at once: finishing one leaves the others in flight,
+    releasing all releases only those, and a kill counts once against every member of each."""
+    a, b, c = ("d", "a"), ("d", "b"), ("d", "c")
+    with InflightJournal(tmp_path) as journal:
+        journal.open(set())
+        first, second, third = journal.start([a]), journal.start([b]), journal.start([c])
+        journal.finish(second)
+        assert journal.in_flight() == 2
+    with InflightJournal(tmp_path) as journal:  # died here (b got its record): a and c were in flight
+        assert journal.open({b}) == {a: 1, c: 1}
+        journal.finish(journal.start([a]))
+        journal.start([c])
+        journal.release()
+        assert journal.in_flight() == 0
+    with InflightJournal(tmp_path) as journal:  # a recorded, c released: c keeps only its kill
+        assert journal.open({a, b}) == {c: 1}
+    assert first != third

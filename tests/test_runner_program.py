@@ -17,7 +17,14 @@ import pytest
 from jaxseg_robust.data.buckets import pad_batch
 from jaxseg_robust.data.instances import make_instance
 from jaxseg_robust.models.base import Prediction, Transform
-from jaxseg_robust.runner.program import TIMING_KEY, BatchProgram, RetraceError, device_program
+from jaxseg_robust.runner.program import (
+    TIMING_KEY,
+    BatchProgram,
+    RetraceError,
+    device_program,
+    host_arguments,
+    host_device,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +119,40 @@ def test_timing_outputs_and_compile_log():
     assert timing["batch_seconds"][0] == program.last_seconds
     program(pad_batch(INSTANCES[:1], (12, 16), 2))
     assert [e.frame for e in program.compile_log.drain()] == [(12, 16)]
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedOnTheHost(ToySegmenter):
+    """preprocess notes the device of the arrays it creates."""
+
+    devices: list = dataclasses.field(default_factory=list, compare=False, hash=False)
+
+    def preprocess(self, image, *, frame_hw=None):
+        model_input, transform = super().preprocess(image, frame_hw=frame_hw)
+        self.devices.append(frozenset(model_input.devices()))
+        return model_input, transform
+
+
+def test_dispatch_prepares_on_the_host_places_once_and_times_each_batch_from_the_previous_end():
+    """Two batches dispatched back to back: their outputs equal the synchronous call's; each one's device
+    seconds start no earlier than its host preparation and than the end of the batch before it."""
+    segmenter = PreparedOnTheHost()
+    program = BatchProgram(segmenter, jnp.float32(2.0), ToyProtocol(slots=4), timed=True)
+    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()), ("data",)),
+                                          jax.sharding.PartitionSpec("data"))
+    first_batch, second_batch = pad_batch(INSTANCES[:2], (12, 12), 2), pad_batch(INSTANCES[2:], (12, 12), 2)
+    args = host_arguments(segmenter, program.protocol, first_batch, sharding)
+    assert all(leaf.sharding == sharding for leaf in jax.tree.leaves(args))
+    assert set(segmenter.devices) == {frozenset({host_device()})}
+    first, second = program.dispatch(first_batch, sharding), program.dispatch(second_batch, sharding)
+    a, b = jax.device_get(first.result()), jax.device_get(second.result())
+    assert first.ready() and second.ready()
+    np.testing.assert_allclose(a["total"], jax.device_get(program(first_batch))["total"])
+    np.testing.assert_allclose(b["total"][:1], [2 * 8 * 8 * 3 * 3])
+    ta, tb = a[TIMING_KEY], b[TIMING_KEY]
+    assert ta["batch_started"][0] <= ta["batch_ended"][0] - ta["batch_seconds"][0]
+    assert tb["batch_ended"][0] - tb["batch_seconds"][0] >= ta["batch_ended"][0] - 1e-3
+    assert np.all(tb["batch_wall_seconds"] >= tb["batch_seconds"]) and tb["batch_instances"].tolist() == [1, 1]
 
 
 def test_a_bucket_whose_host_inputs_change_shape_is_a_retrace_error():

@@ -16,22 +16,27 @@ records, one file or line per instance:
   ``RUN_DIR/timings[.process<k>].jsonl``
       one JSON line per instance and evaluation, written by every protocol
       (`timed_finalize`): ``dataset``, ``id``, ``batch_seconds`` (device
-      time of the batch: the jitted call until ``block_until_ready``),
+      time of the batch: from the jitted call, or the end of the batch
+      before it on the device, until its outputs are ready),
       ``batch_wall_seconds`` (wall time of the batch: the host preparation
       of the padded batch and that call; `runner.program.BatchProgram`,
       perturb: its batch function), ``batch_instances`` (real instances in
       that batch), ``seconds`` and ``wall_seconds`` (the two divided by
       batch_instances: the instance's share; ``seconds`` is the device
-      time) and ``clicks`` (clicks computed for the instance over all its
-      trajectories; 0 for protocols without clicks). Each bucket's program
-      is compiled before its first timed call, so neither time includes
-      compiling. The last line of an instance wins (a rerun after a kill
-      may time it again). Lines written before the wall time was recorded
-      have no ``wall_seconds`` (read as NaN).
+      time), ``clicks`` (clicks computed for the instance over all its
+      trajectories; 0 for protocols without clicks), ``batch_started`` and
+      ``batch_ended`` (Unix seconds: the batch's host preparation began,
+      its device work ended) and ``session`` (one token per command run
+      that wrote the line). Each bucket's program is compiled before its
+      first timed call, so neither time includes compiling. The last line
+      of an instance wins (a rerun after a kill may time it again). Lines
+      written before the wall time was recorded have no ``wall_seconds``
+      (read as NaN), nor before the device busy share was, the last three.
   ``RUN_DIR/compile.jsonl``
       one JSON line per compiled bucket program (`append_compile_events`):
       ``program`` (what was compiled), ``frame`` [H, W], ``batch``,
-      ``seconds`` (compile wall seconds) and ``process``. Every session of
+      ``seconds`` (compile wall seconds), ``process``, ``ended`` (Unix
+      seconds when it ended) and ``session`` (as in the timings). Every session of
       a run directory (a resume) compiles its buckets again and adds lines.
       perturb also appends one session summary line per run (``programs``,
       ``compiles``, ``compile_seconds``, ...; no ``seconds``), which
@@ -50,6 +55,7 @@ import json
 import math
 import os
 import pathlib
+import uuid
 from collections.abc import Mapping
 
 import numpy as np
@@ -130,14 +136,22 @@ def timings_path(run_dir, process_index: int = 0) -> pathlib.Path:
 
 
 def timing_line(key: tuple[str, str], batch_seconds: float, batch_instances: int, clicks: int,
-                batch_wall_seconds: float = math.nan) -> dict:
+                batch_wall_seconds: float = math.nan, span: tuple[float, float] = (math.nan, math.nan),
+                session: str = "") -> dict:
     """One timing entry (see the module docstring): device seconds ``batch_seconds`` and wall seconds
-    ``batch_wall_seconds`` of the batch, and each divided by ``batch_instances``."""
+    ``batch_wall_seconds`` of the batch, and each divided by ``batch_instances``; ``span`` = (batch_started,
+    batch_ended) in Unix seconds; ``session``: the writing run's token."""
     batch_instances = max(int(batch_instances), 1)
     return {"dataset": key[0], "id": key[1], "batch_seconds": float(batch_seconds),
             "batch_wall_seconds": float(batch_wall_seconds), "batch_instances": batch_instances,
             "seconds": float(batch_seconds) / batch_instances,
-            "wall_seconds": float(batch_wall_seconds) / batch_instances, "clicks": int(clicks)}
+            "wall_seconds": float(batch_wall_seconds) / batch_instances, "clicks": int(clicks),
+            "batch_started": float(span[0]), "batch_ended": float(span[1]), "session": str(session)}
+
+
+def session_token() -> str:
+    """A new token naming one command run's timing and compile lines (the device busy share's sessions)."""
+    return uuid.uuid4().hex[:12]
 
 
 def append_timing(run_dir, entry: Mapping, process_index: int = 0) -> None:
@@ -161,26 +175,32 @@ def timed_finalize(run_dir, compile_log, clicks: int = 0, process_index: int = 0
       clicks: clicks one instance computes (the divisor of seconds per click; 0 without clicks).
       process_index: this process's index (names its timings file).
       finalize: the protocol's own ``finalize(instance, outputs) -> payload``, or None.
+
+    Every line it writes names one new `session_token`.
     """
     from jaxseg_robust.runner.program import TIMING_KEY  # noqa: PLC0415
+
+    session = session_token()
 
     def finalize_timed(instance, outputs):
         outputs = dict(outputs)
         timing = outputs.pop(TIMING_KEY, None)
-        append_compile_events(run_dir, compile_log.drain(), process_index)
+        append_compile_events(run_dir, compile_log.drain(), process_index, session)
         if timing is not None:
+            span = (float(timing.get("batch_started", math.nan)), float(timing.get("batch_ended", math.nan)))
             append_timing(run_dir, timing_line(instance.key, float(timing["batch_seconds"]),
                                                int(timing["batch_instances"]), clicks,
-                                               float(timing["batch_wall_seconds"])), process_index)
+                                               float(timing["batch_wall_seconds"]), span, session), process_index)
         return outputs if finalize is None else finalize(instance, outputs)
 
     return finalize_timed
 
 
-def append_compile_events(run_dir, events, process_index: int = 0) -> None:
+def append_compile_events(run_dir, events, process_index: int = 0, session: str = "") -> None:
     """Appends one ``compile.jsonl`` line per `runner.program.CompileEvent` (nothing for none)."""
     lines = [json.dumps({"program": e.program, "frame": list(e.frame), "batch": int(e.batch),
-                         "seconds": float(e.seconds), "process": int(process_index)}, sort_keys=True) + "\n"
+                         "seconds": float(e.seconds), "process": int(process_index), "ended": float(e.ended_at),
+                         "session": str(session)}, sort_keys=True) + "\n"
              for e in events]
     if lines:
         with open(pathlib.Path(run_dir) / COMPILE_LOG, "a", encoding="utf-8") as handle:
@@ -203,25 +223,29 @@ def read_compile_events(run_dir) -> list[dict]:
     return events
 
 
-def read_timings(run_dir) -> dict[tuple[str, str], dict]:
-    """(dataset, id) -> the last timing entry of every timings file; ``{}`` when there is none.
+def read_timing_lines(run_dir) -> list[dict]:
+    """Every timing entry of every timings file, in file order; ``[]`` when there is none.
 
     Lines that are cut off (a kill mid-write) or malformed are skipped: a
     timing only feeds the report's seconds columns.
     """
-    timings: dict[tuple[str, str], dict] = {}
+    lines = []
     for path in sorted(pathlib.Path(run_dir).glob(TIMINGS_GLOB)):
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 entry = json.loads(line)
-                key = (str(entry["dataset"]), str(entry["id"]))
-                float(entry["seconds"])
+                str(entry["dataset"]), str(entry["id"]), float(entry["seconds"])
             except (ValueError, KeyError, TypeError):
                 continue
-            timings[key] = entry
-    return timings
+            lines.append(entry)
+    return lines
+
+
+def read_timings(run_dir) -> dict[tuple[str, str], dict]:
+    """(dataset, id) -> the last entry of `read_timing_lines`; ``{}`` when there is none."""
+    return {(str(entry["dataset"]), str(entry["id"])): entry for entry in read_timing_lines(run_dir)}
 
 
 __all__ = ["MASKS_DIR", "COMPILE_LOG", "file_stem", "mask_path", "write_mask", "read_mask", "store_masks",
-           "timings_path", "timing_line", "append_timing", "timed_finalize", "append_compile_events",
-           "read_compile_events", "read_timings"]
+           "timings_path", "timing_line", "session_token", "append_timing", "timed_finalize",
+           "append_compile_events", "read_compile_events", "read_timing_lines", "read_timings"]

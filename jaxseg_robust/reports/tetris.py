@@ -20,7 +20,7 @@ Columns (docs/protocols/tetris.md §3.5; `reports.tetris_scores.trajectory_score
   sec_instance / sec_click        device seconds of the jitted protocol per
                                   instance and per click (RITM's SPC: total seconds
                                   / total clicks of all trajectories): the batch's
-                                  jitted call until ``block_until_ready``, divided
+                                  device time until its outputs are ready, divided
                                   over its instances (the timings' ``seconds``,
                                   `jaxseg_robust.reports.artifacts`; host
                                   preparation and compile time excluded: the

@@ -33,6 +33,15 @@ What `run` does:
      outputs)``, default: the outputs themselves) and appends one record per
      instance, flushed and fsynced once per batch.
 
+Steps 4 and 5 overlap (`jaxseg_robust.runner.pipeline`): the next group is
+loaded on a worker thread, batch k + 1 is dispatched before the results of
+batch k are waited for, and a writer thread finalizes and writes records
+while the device computes; the device waits for the host only when loading
+and preparing a batch takes longer than computing one. A batch function that
+is a `jaxseg_robust.runner.dispatch.DispatchingBatchFunction` (the
+`runner.program.BatchProgram` of every prompt protocol) gets the padded batch
+on the host and places its own prepared arguments.
+
 Failure policy:
   * an exception from ``batch_fn`` (or from fetching its results) fails the
     batch; its instances are then retried one at a time, each in a batch of
@@ -48,13 +57,14 @@ Failure policy:
     success resets the count; a systematic error, e.g. a shape bug), the run
     stops with `RunAbortedError`; everything recorded so far stays,
     and a fixed rerun picks up the failed instances with ``retry_failed=True``;
-  * ``KeyboardInterrupt``, ``SystemExit`` and a kill stop the run at once:
-    completed batches are on disk, the batch in flight is lost, and rerunning
-    the same command resumes;
+  * ``KeyboardInterrupt`` and ``SystemExit`` stop the run after the batches
+    already on the device are computed and written (a second Ctrl-C stops at
+    once); a kill stops it at once: the records written are on disk, the
+    groups in flight are lost, and rerunning the same command resumes;
   * a kill (SIGKILL, e.g. out of memory) of the process is not left to loop:
     each group's keys go to the in-flight journal (`jaxseg_robust.runner.inflight`)
-    before it is loaded and run; the next run runs the members of a group
-    that died with its process one at a time, and records an instance that
+    before it is loaded and run; the next run runs the members of every group
+    that was in flight when its process died one at a time, and records an instance that
     killed the process twice as failed ("killed the process twice (out of
     memory?)") without running it again (``retry_failed`` retries it).
 
@@ -83,6 +93,7 @@ manifest (the others check it; none waits); process k
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -93,10 +104,8 @@ import numpy as np
 from jaxseg_robust.data.buckets import (
     ExactFrame,
     FramePolicy,
-    Frame,
     bucket_instances,
     chunks,
-    pad_batch,
     policy_description,
 )
 from jaxseg_robust.data.instances import (
@@ -109,6 +118,7 @@ from jaxseg_robust.data.instances import (
 )
 from jaxseg_robust.runner.fingerprints import fingerprints_of
 from jaxseg_robust.runner.inflight import KILLED_TWICE, InflightJournal
+from jaxseg_robust.runner.pipeline import BatchStages, ComputedGroup, PlannedGroup, run_groups, slot_outputs
 from jaxseg_robust.runner.progress import check_progress_mode, make_progress
 from jaxseg_robust.runner.records import (
     STATUS_FAILED,
@@ -120,7 +130,7 @@ from jaxseg_robust.runner.records import (
     read_run_records,
 )
 from jaxseg_robust.runner.rundir import open_run_dir
-from jaxseg_robust.runner.sharding import data_mesh, padded_batch_size, process_owns, shard_batch
+from jaxseg_robust.runner.sharding import data_mesh, padded_batch_size, process_owns
 
 EXIT_OK = 0
 EXIT_PARTIAL = 1
@@ -207,17 +217,8 @@ def _check_outputs(outputs, slots: int) -> None:
             )
 
 
-def _call_batch_fn(batch_fn: Callable, instances: Sequence[Instance], frame: Frame, slots: int, mesh):
-    """Pads, shards, runs and fetches one batch; returns host (NumPy) outputs with leading axis ``slots``."""
-    batch = pad_batch(instances, frame, slots)
-    outputs = jax.device_get(batch_fn(shard_batch(batch, mesh)))
-    _check_outputs(outputs, slots)
-    return outputs
-
-
-def _finish(instance: Instance, outputs, slot: int, finalize) -> dict:
-    """The ok record of ``instance`` from batch outputs (raises if finalize or conversion fails)."""
-    mine = jax.tree_util.tree_map(lambda leaf: np.asarray(leaf)[slot], outputs)
+def _finish(instance: Instance, mine, finalize) -> dict:
+    """The ok record of ``instance`` from its slot's host outputs (raises if finalize fails)."""
     payload = finalize(instance, mine) if finalize is not None else mine
     if not isinstance(payload, Mapping):
         raise TypeError(f"finalize must return a mapping, got {type(payload).__name__}")
@@ -232,36 +233,20 @@ def _load(member: AnyInstance, check) -> Instance:
     return instance
 
 
-def _evaluate_group(group, frame: Frame, slots: int, batch_fn, mesh, finalize, check) -> tuple[list[dict], int]:
-    """Records for one group of instances (input order) and how many failed in batch_fn / finalize."""
-    records: dict = {}
-    loaded: list[Instance] = []
-    for member in group:
-        try:
-            loaded.append(_load(member, check))
-        except Exception as error:  # noqa: BLE001 - a bad instance fails alone
-            records[member.key] = _failed_record(member.key, error)
+def _group_records(computed: ComputedGroup, finalize) -> tuple[list[dict], int]:
+    """Records of a computed group (input order) and how many failed in batch_fn / finalize."""
+    group = computed.group
+    records = {key: _failed_record(key, error) for key, error in group.failed.items()}
     compute_failures = 0
-    if loaded:
+    for slot, instance in enumerate(group.loaded):
         try:
-            outputs = _call_batch_fn(batch_fn, loaded, frame, slots, mesh)
+            records[instance.key] = _finish(instance, slot_outputs(computed, slot, instance), finalize)
         except BatchFunctionError:
             raise
-        except Exception:  # noqa: BLE001 - isolate the culprit below
-            outputs = None
-        for slot, instance in enumerate(loaded):
-            try:
-                if outputs is None:  # the batch failed: this instance alone, same batch shape
-                    records[instance.key] = _finish(
-                        instance, _call_batch_fn(batch_fn, [instance], frame, slots, mesh), 0, finalize)
-                else:
-                    records[instance.key] = _finish(instance, outputs, slot, finalize)
-            except BatchFunctionError:
-                raise
-            except Exception as error:  # noqa: BLE001
-                records[instance.key] = _failed_record(instance.key, error)
-                compute_failures += 1
-    return [_noted(records[member.key], member) for member in group], compute_failures
+        except Exception as error:  # noqa: BLE001
+            records[instance.key] = _failed_record(instance.key, error)
+            compute_failures += 1
+    return [_noted(records[member.key], member) for member in group.members], compute_failures
 
 
 def _noted(record: dict, member: AnyInstance) -> dict:
@@ -270,6 +255,33 @@ def _noted(record: dict, member: AnyInstance) -> dict:
     if note:
         record["resized"] = dict(note)
     return record
+
+
+@dataclasses.dataclass
+class _Recorder:
+    """The record stage of one session (runs on the pipeline's writer thread)."""
+
+    writer: RecordWriter
+    journal: InflightJournal
+    tally: "_Tally"
+    bar: object
+    finalize: Callable | None
+    limit: int | None
+    path: object
+
+    def write(self, computed: ComputedGroup) -> None:
+        """Finalizes, writes and counts one group; raises `RunAbortedError` at the failure limit."""
+        records, compute_failures = _group_records(computed, self.finalize)
+        self.writer.write_batch(records)
+        self.journal.finish(computed.group.token)
+        self.bar.update(*self.tally.add(records, compute_failures))
+        tally = self.tally
+        if self.limit is not None and tally.streak >= self.limit:
+            raise RunAbortedError(
+                f"{tally.streak} instances in a row failed in batch_fn/finalize (last: "
+                f"{tally.failures[-1][1]}); the {tally.ok + tally.failed} records of this session "
+                f"are saved in {self.path}. Fix the cause and rerun with retry_failed=True."
+            )
 
 
 @dataclasses.dataclass
@@ -410,30 +422,21 @@ def run(
                 rejected_records = [_failed_record(instance.key, error) for instance, error in rejected]
                 writer.write_batch(rejected_records)
                 bar.update(*tally.add(rejected_records, 0))
+                plan = []
                 for bucket in buckets:
                     members, singles, doomed = _split_suspects(bucket.members, kills)
                     doomed_records = [_noted(make_record(member.key, STATUS_FAILED, error=KILLED_TWICE), member)
                                       for member in doomed]
                     writer.write_batch(doomed_records)
                     bar.update(*tally.add(doomed_records, 0))
-                    for group in [*chunks(members, slots), *([member] for member in singles)]:
-                        journal.start([member.key for member in group])
-                        try:
-                            records, compute_failures = _evaluate_group(
-                                group, bucket.frame, slots, batch_fn, mesh, finalize, check)
-                            writer.write_batch(records)
-                        except BaseException:
-                            journal.release()
-                            raise
-                        journal.finish()
-                        bar.update(*tally.add(records, compute_failures))
-                        limit = abort_after_consecutive_failures
-                        if limit is not None and tally.streak >= limit:
-                            raise RunAbortedError(
-                                f"{tally.streak} instances in a row failed in batch_fn/finalize (last: "
-                                f"{tally.failures[-1][1]}); the {tally.ok + tally.failed} records of this session "
-                                f"are saved in {directory.path}. Fix the cause and rerun with retry_failed=True."
-                            )
+                    plan += [PlannedGroup(group, bucket.frame) for group in chunks(members, slots)]
+                    plan += [PlannedGroup([member], bucket.frame, alone=True) for member in singles]
+                recorder = _Recorder(writer, journal, tally, bar, finalize, abort_after_consecutive_failures,
+                                     directory.path)
+                run_groups(BatchStages(
+                    batch_fn=batch_fn, mesh=mesh, slots=slots, load_member=functools.partial(_load, check=check),
+                    check_outputs=_check_outputs, start_group=journal.start, release_all=journal.release,
+                    write_group=recorder.write, contract_error=BatchFunctionError), plan)
         finally:
             bar.close()
     return RunSummary(

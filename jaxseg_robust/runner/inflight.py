@@ -15,6 +15,11 @@ killed once alone (one instance per batch) and records an instance killed
 twice as failed without running it (`KILLED_TWICE`); ``--retry-failed``
 gives it another chance.
 
+With the engine's prefetching (`jaxseg_robust.runner.pipeline`) a few groups
+are in flight at once (one loading, one or two on the device, one being
+written); each has its own start line, and a kill counts once against every
+member of each of them, so all of them run alone on the next start.
+
 Files (beside the records, one per process): ``inflight.jsonl``,
 ``inflight.process<k>.jsonl``. Lines: ``{"start": [[dataset, id], ...],
 "pid": N}`` and ``{"release": [[dataset, id], ...]}``. Opening rewrites the
@@ -25,9 +30,11 @@ again from zero kills.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pathlib
+import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -82,12 +89,17 @@ def _encode(entry: dict) -> str:
 
 
 class InflightJournal:
-    """One process's in-flight journal (see the module docstring); use as a context manager."""
+    """One process's in-flight journal (see the module docstring); use as a context manager.
+
+    Thread-safe: the engine's loop starts groups and its record writer finishes them.
+    """
 
     def __init__(self, run_dir, process_index: int = 0):
         self.path = journal_path(run_dir, process_index)
         self._handle = None
-        self._current: list[Key] | None = None
+        self._lock = threading.Lock()
+        self._groups: dict[int, list] = {}
+        self._tokens = itertools.count()
 
     def open(self, recorded: Iterable[Key]) -> Counter:
         """Reads the journal, compacts it to the keys without a record, opens it for appending.
@@ -115,20 +127,34 @@ class InflightJournal:
         self._handle.flush()
         os.fsync(self._handle.fileno())
 
-    def start(self, keys: Sequence[Key]) -> None:
-        """Records (durably) that ``keys`` are about to be loaded and run."""
-        self._current = [list(key) for key in keys]
-        self._append({"start": self._current, "pid": os.getpid()})
+    def start(self, keys: Sequence[Key]) -> int:
+        """Records (durably) that ``keys`` are about to be loaded and run; returns the group's token."""
+        group = [list(key) for key in keys]
+        with self._lock:
+            token = next(self._tokens)
+            self._groups[token] = group
+            self._append({"start": group, "pid": os.getpid()})
+        return token
 
-    def finish(self) -> None:
-        """The group in flight got its records (nothing is written: the records resolve it)."""
-        self._current = None
+    def finish(self, token: int) -> None:
+        """The group ``token`` got its records (nothing is written: the records resolve it)."""
+        with self._lock:
+            self._groups.pop(token, None)
 
-    def release(self) -> None:
-        """The group in flight ends without records but without a kill (an exception, Ctrl-C)."""
-        if self._current is not None and self._handle is not None and not self._handle.closed:
-            self._append({"release": self._current})
-        self._current = None
+    def release(self, token: int | None = None) -> None:
+        """The group ``token`` (None: every group still in flight) ends without records but without a kill
+        (an exception, Ctrl-C)."""
+        with self._lock:
+            tokens = list(self._groups) if token is None else [token]
+            for one in tokens:
+                group = self._groups.pop(one, None)
+                if group is not None and self._handle is not None and not self._handle.closed:
+                    self._append({"release": group})
+
+    def in_flight(self) -> int:
+        """How many started groups have neither been finished nor released."""
+        with self._lock:
+            return len(self._groups)
 
     def close(self) -> None:
         """Closes the file (idempotent)."""

@@ -19,6 +19,12 @@ device side (`DeviceProgram`, one ``jax.jit``):
   ``features = segmenter.embed(params, model_input)`` once for the batch, then
   ``jax.vmap`` of ``protocol.instance`` over the instances.
 
+The engine calls `BatchProgram.dispatch` with the padded batch on the host:
+the host preparation runs on the host's CPU device (`host_device`; nothing
+is read back from an accelerator) and the arguments are placed once; the
+call returns while the device computes (`ProgramBatch`), so the engine can
+prepare the next batch meanwhile (docs/ARCHITECTURE.md, "The batch loop").
+
 One program per (segmenter, protocol) pair is shared by every `BatchProgram`
 of the process (`device_program`), compiled ahead of its first batch per input
 signature (shapes, dtypes, placement) and announced (``announce``). Retraces
@@ -32,7 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -45,8 +53,10 @@ import numpy as np
 
 from jaxseg_robust.metrics.masks import boundary_widths
 from jaxseg_robust.models.base import Transform, check_segmenter
+from jaxseg_robust.runner.dispatch import BatchInFlight, DispatchingBatchFunction, ReadyClock
 
-TIMING_KEY = "_timing"  # optional output: {"batch_seconds", "batch_wall_seconds", "batch_instances"} [B]
+TIMING_KEY = "_timing"  # optional output: {"batch_seconds", "batch_wall_seconds", "batch_instances",
+#                         "batch_started", "batch_ended"} [B] (`batch_timing`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,12 +67,14 @@ class CompileEvent:
       program: what was compiled (the announcement's description, e.g. "TETRIS program (minmax)").
       frame: (Hf, Wf) the bucket frame in pixels; batch: B, the batch size it was compiled for.
       seconds: wall seconds of ``lower(...).compile()``.
+      ended_at: Unix seconds when the compile ended (NaN: not known).
     """
 
     program: str
     frame: tuple[int, int]
     batch: int
     seconds: float
+    ended_at: float = math.nan
 
 
 class CompileLog:
@@ -70,14 +82,17 @@ class CompileLog:
 
     def __init__(self):
         self.pending: list[CompileEvent] = []
+        self._lock = threading.Lock()  # the engine's loop adds, its record writer drains
 
     def add(self, event: CompileEvent) -> None:
         """Keeps ``event`` until the next `drain`."""
-        self.pending.append(event)
+        with self._lock:
+            self.pending.append(event)
 
     def drain(self) -> list[CompileEvent]:
         """The events added since the last call (and forgets them)."""
-        events, self.pending = self.pending, []
+        with self._lock:
+            events, self.pending = self.pending, []
         return events
 
 
@@ -188,13 +203,39 @@ def place_like(tree, reference):
     return tree
 
 
-def host_arguments(segmenter, protocol, batch) -> tuple:
+@functools.lru_cache(maxsize=1)
+def host_device():
+    """The host's CPU device, where host preparation creates its arrays (None when JAX has no CPU backend)."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return None
+
+
+def _on_host():
+    """Context in which new jax arrays live on `host_device` (a GPU run reads nothing back from the GPU)."""
+    device = host_device()
+    return contextlib.nullcontext() if device is None else jax.default_device(device)
+
+
+def host_arguments(segmenter, protocol, batch, sharding=None) -> tuple:
     """The device program's batch arguments of a `PaddedBatch` (see the module docstring).
+
+    Args:
+      batch: the `PaddedBatch` (host arrays, or placed on a mesh).
+      sharding: where to place the arguments; None: like ``batch.gt`` (unchanged when it is a host array).
 
     Returns:
       (model_input [B, ...], `Transform` [B], gt int8[B, Hf, Wf], width i32[B], seed u32[B],
-      extras {name: [B, ...]}), placed like ``batch.gt``.
+      extras {name: [B, ...]}), placed.
     """
+    with _on_host():
+        args = _host_arrays(segmenter, protocol, batch)
+    return place_like(args, batch.gt) if sharding is None else jax.device_put(args, sharding)
+
+
+def _host_arrays(segmenter, protocol, batch) -> tuple:
+    """The unplaced `host_arguments` (crop, preprocess, host inputs, stack, band widths)."""
     images, gts, sizes = check_batch(batch)
     frame = (int(gts.shape[1]), int(gts.shape[2]))
     seeds = np.asarray(batch.seed).astype(np.uint32).reshape(-1)
@@ -209,9 +250,8 @@ def host_arguments(segmenter, protocol, batch) -> tuple:
         extras.append(dict(protocol.host_inputs(segmenter, HostSlot(
             image=image, gt=gt, frame=frame, seed=int(seeds[slot]), valid=bool(valid[slot]),
             transform=transform, model_input=model_input))))
-    args = (jnp.stack(inputs), stack_trees(transforms), gts, boundary_widths(sizes, protocol.dilation_ratio),
+    return (jnp.stack(inputs), stack_trees(transforms), gts, boundary_widths(sizes, protocol.dilation_ratio),
             seeds, _stack_host(extras))
-    return place_like(args, batch.gt)
 
 
 # ---- device side ----------------------------------------------------------------------------
@@ -281,7 +321,8 @@ class DeviceProgram:
         before = self.traces
         start = time.perf_counter()
         program = self._compiled[key] = self.jitted.lower(*args).compile()
-        self.last_compile = CompileEvent(what, (int(frame_h), int(frame_w)), int(batch), time.perf_counter() - start)
+        self.last_compile = CompileEvent(what, (int(frame_h), int(frame_w)), int(batch), time.perf_counter() - start,
+                                         time.time())
         if self.traces != before + 1:
             raise RetraceError(f"the {self.protocol.name} program was traced {self.traces - before} times "
                                "for one signature")
@@ -289,17 +330,67 @@ class DeviceProgram:
         return program
 
 
-def batch_timing(valid, device_seconds: float, wall_seconds: float) -> dict:
+def batch_timing(valid, device_seconds: float, wall_seconds: float, started: float = math.nan,
+                 ended: float = math.nan) -> dict:
     """The ``TIMING_KEY`` output of a batch: each field [B] (the batch's numbers, repeated per slot).
 
     Args:
       valid: bool[B] the real instances of the batch.
       device_seconds, wall_seconds: the batch's device and wall seconds, compile excluded (`BatchProgram`).
+      started, ended: Unix seconds when the batch's host preparation began and its device work ended
+        (the device busy share of `reports.timing_summary`; NaN: not known).
     """
     valid = np.asarray(valid, bool)
     return {"batch_seconds": np.full(valid.shape, device_seconds, np.float64),
             "batch_wall_seconds": np.full(valid.shape, wall_seconds, np.float64),
-            "batch_instances": np.full(valid.shape, int(valid.sum()), np.int64)}
+            "batch_instances": np.full(valid.shape, int(valid.sum()), np.int64),
+            "batch_started": np.full(valid.shape, started, np.float64),
+            "batch_ended": np.full(valid.shape, ended, np.float64)}
+
+
+def unix_time(perf_seconds: float) -> float:
+    """Unix seconds of a ``time.perf_counter`` reading of this process."""
+    return time.time() - (time.perf_counter() - perf_seconds)
+
+
+class ProgramBatch(BatchInFlight):
+    """A batch `BatchProgram.dispatch` started: the device outputs, their ready time, the batch's timing.
+
+    Device seconds of the batch: from when the device could start it (its launch, or the end of the
+    previous batch of the same program, whichever is later) until its outputs were ready (`ReadyClock`);
+    wall seconds: its host preparation (compile excluded) plus those device seconds.
+    """
+
+    def __init__(self, program: "BatchProgram", outputs, valid, begin: float, launched: float,
+                 compile_seconds: float, previous: ReadyClock | None):
+        self.program, self.outputs, self.valid = program, outputs, valid
+        self.begin, self.launched, self.compile_seconds = begin, launched, compile_seconds
+        self.previous = previous  # the ready clock of the program's batch dispatched before this one
+        self.clock = ReadyClock(outputs)
+
+    def ready(self) -> bool:
+        """Whether the device has finished the batch."""
+        return self.clock.is_set()
+
+    def _device_start(self) -> float:
+        start = self.launched
+        if self.previous is not None:
+            with contextlib.suppress(Exception):  # a failed previous batch ended when it failed
+                start = max(start, self.previous.wait())
+        return start
+
+    def result(self) -> dict:
+        """The outputs (device arrays) with ``TIMING_KEY`` when the program is timed."""
+        ready_at = self.clock.wait()
+        device_seconds = ready_at - min(self._device_start(), ready_at)
+        self.program.last_seconds = device_seconds
+        outputs = dict(self.outputs)
+        chex.assert_tree_shape_prefix(outputs, (int(self.valid.shape[0]),))
+        if self.program.timed:
+            host_seconds = self.launched - self.begin - self.compile_seconds
+            outputs[TIMING_KEY] = batch_timing(self.valid, device_seconds, host_seconds + device_seconds,
+                                               unix_time(self.begin), unix_time(ready_at))
+        return outputs
 
 
 @functools.lru_cache(maxsize=32)
@@ -308,8 +399,11 @@ def device_program(segmenter, protocol) -> DeviceProgram:
     return DeviceProgram(segmenter, protocol)
 
 
-class BatchProgram:
+class BatchProgram(DispatchingBatchFunction):
     """``PaddedBatch -> dict of arrays [B, ...]`` for `jaxseg_robust.runner.engine.run`: one protocol, one model.
+
+    Calling it waits for the results; the engine calls `dispatch` instead, which returns while the
+    device computes (a `ProgramBatch`).
 
     Attributes:
       segmenter, params: the model (params replicated over the mesh for several devices).
@@ -318,11 +412,13 @@ class BatchProgram:
       announce: ``text -> None`` told before a bucket's program is compiled (None: silent).
       description: what the announcement calls the program (default: the protocol's
         ``description``, else "<name> program").
-      timed: also output ``TIMING_KEY`` [B]: ``batch_seconds`` (device time: the compiled call until
-        ``block_until_ready``), ``batch_wall_seconds`` (the whole call: host preparation from the
-        `PaddedBatch` (crop, ``preprocess``, host inputs, band widths, placement) and the compiled call;
-        loading the images before and writing records after are not in it) and ``batch_instances``
-        (real instances in the batch). Compile time is in neither (`compile_log`).
+      timed: also output ``TIMING_KEY`` [B]: ``batch_seconds`` (device time: from the compiled call,
+        or the end of the previous batch still on the device, until its outputs are ready),
+        ``batch_wall_seconds`` (host preparation from the `PaddedBatch` (crop, ``preprocess``, host
+        inputs, band widths, placement) plus that device time; loading the images before and writing
+        records after are not in it), ``batch_instances`` (real instances in the batch) and
+        ``batch_started`` / ``batch_ended`` (Unix seconds: host preparation began, outputs ready).
+        Compile time is in none of them (`compile_log`).
       last_seconds: device seconds of the last compiled call.
       compile_log: a `CompileLog` of the buckets this object compiled (one `CompileEvent` each).
     """
@@ -340,6 +436,7 @@ class BatchProgram:
         self.last_seconds = math.nan
         self.compile_log = CompileLog()
         self._device = device_program(segmenter, protocol)
+        self._last_clock: ReadyClock | None = None
 
     def with_timing(self) -> "BatchProgram":
         """The same program (same protocol, model and compile cache) with ``timed=True``."""
@@ -356,27 +453,32 @@ class BatchProgram:
         """The protocol's settings (its ``config`` when it has one, else the protocol itself)."""
         return getattr(self.protocol, "config", self.protocol)
 
-    def __call__(self, batch) -> dict:
-        """Runs the protocol on a `PaddedBatch`: host preparation, then one compiled call."""
+    def dispatch(self, batch, sharding=None) -> ProgramBatch:
+        """Host preparation of a `PaddedBatch`, its compile when new, then the compiled call, not waited for.
+
+        Args:
+          batch: the `PaddedBatch` (host arrays, or placed on the mesh).
+          sharding: placement of the arguments (the engine's ``data`` sharding); None: like ``batch.gt``.
+        """
         begin = time.perf_counter()
-        args = (self.params, self.aux_params, *host_arguments(self.segmenter, self.protocol, batch))
+        args = (self.params, self.aux_params, *host_arguments(self.segmenter, self.protocol, batch, sharding))
         program = self._device.compiled(args, self.announce, self.description)
         compile_seconds = 0.0
         if self._device.last_compile is not None:
             self.compile_log.add(self._device.last_compile)
             compile_seconds = self._device.last_compile.seconds
-        start = time.perf_counter()
-        outputs = dict(jax.block_until_ready(program(*args)))
-        end = time.perf_counter()
-        self.last_seconds = end - start
-        size = int(np.shape(batch.gt)[0])
-        chex.assert_tree_shape_prefix(outputs, (size,))
-        if self.timed:
-            outputs[TIMING_KEY] = batch_timing(np.asarray(batch.instance_valid, bool), self.last_seconds,
-                                               end - begin - compile_seconds)
-        return outputs
+        launched = time.perf_counter()
+        outputs = program(*args)
+        valid = np.asarray(batch.instance_valid, bool).reshape(-1)
+        dispatched = ProgramBatch(self, outputs, valid, begin, launched, compile_seconds, self._last_clock)
+        self._last_clock = dispatched.clock
+        return dispatched
+
+    def __call__(self, batch) -> dict:
+        """Runs the protocol on a `PaddedBatch` and waits for its outputs (`dispatch`, then its result)."""
+        return self.dispatch(batch).result()
 
 
-__all__ = ["TIMING_KEY", "CompileEvent", "CompileLog", "batch_timing", "RetraceError", "InstanceInputs", "HostSlot",
-           "BatchProtocol", "check_batch",
-           "stack_trees", "place_like", "host_arguments", "DeviceProgram", "device_program", "BatchProgram"]
+__all__ = ["TIMING_KEY", "CompileEvent", "CompileLog", "batch_timing", "unix_time", "RetraceError", "InstanceInputs",
+           "HostSlot", "BatchProtocol", "check_batch", "stack_trees", "place_like", "host_device", "host_arguments",
+           "DeviceProgram", "device_program", "ProgramBatch", "BatchProgram"]
