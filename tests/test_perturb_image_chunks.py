@@ -1,4 +1,6 @@
-"""The battery's accelerator variant: the batch attacked in chunks inside one program (perturbation.md §10.7).
+"""The battery's accelerator variant: the batch attacked in chunks inside one program.
+
+docs/protocols/perturbation.md, "Accelerator memory".
 
 The variant a GPU compiles (`image_chunks.in_chunks`) is called here directly
 on the CPU and must give every attack family's whole-batch results exactly:

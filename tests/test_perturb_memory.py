@@ -1,4 +1,6 @@
-"""Compiled memory of the battery's programs: one forward+backward pass, whatever the budget (perturbation.md §10.7).
+"""Compiled memory of the battery's programs: one forward+backward pass, whatever the budget.
+
+docs/protocols/perturbation.md, "Accelerator memory".
 
 XLA:CPU's ``memory_analysis`` of each attack family's program on a small
 PSPNet (one Bottleneck per stage, width 32, 32 x 40 images, batch 4):

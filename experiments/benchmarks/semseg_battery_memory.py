@@ -10,7 +10,7 @@ per-iteration copies; one far above the single gradient pass holds more than
 one pass's activations. ``--variants`` picks the programs compiled: ``batch``
 (the whole batch in one attack pass: what the CPU runs) and ``chunks`` (the
 accelerator variant, `image_chunks.in_chunks` of ``--chunk`` images, compiled
-here for the backend in use). docs/protocols/perturbation.md §10.7,
+here for the backend in use). docs/protocols/perturbation.md ("Accelerator memory"),
 docs/models/semseg.md ("Compiled memory").
 
     python experiments/benchmarks/semseg_battery_memory.py --size 64,86 --batches 1,2 --steps 2,6 [--blocks 3,4,6,3]

@@ -79,9 +79,9 @@ class BatteryConfig:
         budgets (200, 300, 200, 500, 500); lower only for smoke runs.
       accelerator_chunk: most images one attack pass holds on an accelerator
         (GPU): the batch is attacked in chunks of this many images in
-        sequence inside one program, bounding its memory (§10.7,
-        `image_chunks`); the CPU always attacks the whole batch. Results
-        do not depend on it.
+        sequence inside one program, bounding its memory (`image_chunks`;
+        perturbation.md, "Accelerator memory"); the CPU always attacks the
+        whole batch. Results do not depend on it.
     """
 
     num_classes: int

@@ -1,6 +1,6 @@
 """The battery's programs on an accelerator: the batch attacked a few images at a time inside one program.
 
-Section numbers (§) refer to docs/protocols/perturbation.md (§10.7).
+docs/protocols/perturbation.md, "Accelerator memory".
 
 An attack program ``(params, images, labels, valid, keys, attack_index,
 member[, region]) -> AttackResult`` holds one forward + backward pass of the
