@@ -92,7 +92,8 @@ def main(argv=None) -> None:
     model = SemsegDense(SemsegConfig(num_classes=21, blocks=tuple(int(b) for b in args.blocks.split(","))))
     params = jax.device_put(model.init(jax.random.key(0)))
     print(f"jax {jax.__version__} ({jax.default_backend()}), PSPNet blocks {args.blocks}, {height}x{width}")
-    print("| program | batch | steps | temp MiB | temp / one pass | args MiB | out MiB |\n|---|---|---|---|---|---|---|")
+    print("| program | batch | steps | temp MiB | temp / one pass | args MiB | out MiB |")
+    print("|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batches.split(",")):
         reference = one_pass(model, params, batch, height, width)
         print(row("value_and_grad", batch, 1, reference, reference), flush=True)

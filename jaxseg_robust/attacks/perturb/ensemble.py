@@ -176,8 +176,11 @@ def _in_region(result: AttackResult, images, region) -> AttackResult:
 
 
 def family_attacks(logits_fn: LogitsFn, config: BatteryConfig, wanted: set[str] | None = None) -> dict[str, Callable]:
-    """Each attack family's whole-batch program ``(params, images, labels, valid, keys, attack_index, member[, region])
-    -> AttackResult`` (uncompiled), for the families in ``wanted`` (default: every family: padam, sea, dag, pdpgd, alma_prox).
+    """Each attack family's whole-batch program (uncompiled), for the families in ``wanted`` (default: all five).
+
+    A program maps ``(params, images, labels, valid, keys, attack_index,
+    member[, region])`` to an `AttackResult`; the families are padam, sea,
+    dag, pdpgd and alma_prox (``PROGRAM_OF``).
 
     Without ``region`` the attacks run on the model as it is; with it
     (spatially padded frames, §10.6) on `region_model`, with padding excluded
