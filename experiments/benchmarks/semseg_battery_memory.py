@@ -7,10 +7,11 @@ sizes and iteration budgets, and prints XLA's temp / argument / output bytes
 and the temp bytes over those of one value-and-grad pass of the same batch.
 A program whose temp bytes grow with the iteration budget stacks
 per-iteration copies; one far above the single gradient pass holds more than
-one pass's activations. ``--variants`` picks the programs compiled: ``batch``
-(the whole batch in one attack pass: what the CPU runs) and ``chunks`` (the
-accelerator variant, `image_chunks.in_chunks` of ``--chunk`` images, compiled
-here for the backend in use). docs/protocols/perturbation.md ("Accelerator memory"),
+one pass's activations. ``--variants`` picks the programs compiled (default
+both): ``batch`` (the whole batch in one attack pass: what the CPU runs) and
+``chunks`` (the accelerator variant, `image_chunks.in_chunks` of ``--chunk``
+images, compiled here for the backend in use; skipped where one chunk holds
+the whole batch). docs/protocols/perturbation.md ("Accelerator memory"),
 docs/models/semseg.md ("Compiled memory").
 
     python experiments/benchmarks/semseg_battery_memory.py --size 64,86 --batches 1,2 --steps 2,6 [--blocks 3,4,6,3]
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 
 from jaxseg_robust.attacks.perturb import instance_keys
 from jaxseg_robust.attacks.perturb.ensemble import CANDIDATE_ORDER, PROGRAM_OF, BatteryConfig, family_attacks
-from jaxseg_robust.attacks.perturb.image_chunks import in_chunks
+from jaxseg_robust.attacks.perturb.image_chunks import chunk_size, in_chunks
 from jaxseg_robust.models.dense.semseg import SemsegConfig, SemsegDense
 
 FAMILY_MEMBER = {"padam": "padam_ce", "sea": "sea_mce", "dag": "dag_0.001", "pdpgd": "pdpgd", "alma_prox": "alma_prox"}
@@ -81,7 +82,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", default="2,6")
     parser.add_argument("--blocks", default="3,4,6,3", help="ResNet blocks per stage (R50: 3,4,6,3)")
     parser.add_argument("--families", default=",".join(FAMILY_MEMBER))
-    parser.add_argument("--variants", default="batch", help=f"comma-separated subset of {VARIANTS}")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
     parser.add_argument("--chunk", type=int, default=1, help="images per attack pass of the chunks variant")
     args = parser.parse_args(argv)
     height, width = (int(v) for v in args.size.split(","))
@@ -102,6 +103,8 @@ def main(argv=None) -> None:
             for family in args.families.split(","):
                 call = program_arguments(params, batch, height, width, family)
                 for variant in variants:
+                    if variant == "chunks" and chunk_size(batch, args.chunk) == batch:
+                        continue  # one chunk holds the whole batch: the batch program itself
                     program = attacks[family] if variant == "batch" else in_chunks(attacks[family], args.chunk)
                     name = family if variant == "batch" else f"{family} (chunks of {args.chunk})"
                     print(row(name, batch, steps, analysis(jax.jit(program), *call), reference), flush=True)

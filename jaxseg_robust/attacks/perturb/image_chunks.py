@@ -5,13 +5,14 @@ docs/protocols/perturbation.md, "Accelerator memory".
 An attack program ``(params, images, labels, valid, keys, attack_index,
 member[, region]) -> AttackResult`` holds one forward + backward pass of the
 model for its whole batch. XLA's GPU compiler asked 65-263 GiB for the
-battery's programs on 512 x 682 PSPNet-R50 images (260.75 GiB for one
-program at batch 4), where XLA:CPU compiles the same programs to one pass,
-about 1.1 GiB per image (docs/models/semseg.md, "Compiled memory"). On an accelerator the
-program therefore runs the attack on chunks of at most ``chunk`` images, one
-after the other (``lax.map``), so its memory is that of one chunk's pass
-whatever the batch; on the CPU it runs the whole batch as before (its
-programs and records are unchanged). One place chooses:
+battery's programs on 512 x 682 PSPNet-R50 images (260.75 GiB for one of
+them), where XLA:CPU compiles the same programs to one pass, about 1.1 GiB
+per image (docs/models/semseg.md, "Compiled memory"). On an accelerator the
+program therefore runs the attack on chunks of at most ``limit`` images,
+one after the other (``lax.map``), so its memory is that of one chunk's
+pass whatever the batch (at 4 x 512 x 682 in chunks of one image, XLA:CPU
+compiles it to 0.29x of a batch-4 pass); on the CPU it runs the whole batch
+as before (its programs and records are unchanged). One place chooses:
 `per_platform` (``lax.platform_dependent``).
 
 Both variants give the same per-image results: every attack treats the
