@@ -18,12 +18,15 @@ PSPNet (one Bottleneck per stage, width 32, 32 x 40 images, batch 4):
   four is 1.7x that).
 
 The experiments/benchmarks/semseg_battery_memory.py script prints the same
-figures at any size (docs/models/semseg.md, "Compiled memory").
+figures at any size (docs/models/semseg.md, "Compiled memory"); its last
+tests run it on a one-block PSPNet and read its table.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -98,3 +101,33 @@ def test_program_memory_does_not_grow_with_the_iteration_budget(family):
     arguments = program_arguments(family)
     growth = temp_bytes(family_program(family, 6), *arguments) - temp_bytes(family_program(family, 2), *arguments)
     assert abs(growth) < HEIGHT * WIDTH * 3 * 4, (family, growth)
+
+
+def memory_script():
+    """experiments/benchmarks/semseg_battery_memory.py as a module."""
+    folder = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "benchmarks"
+    spec = importlib.util.spec_from_file_location("semseg_battery_memory", folder / "semseg_battery_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_memory_script_prints_each_program_with_its_ratio_to_one_pass(capsys):
+    memory_script().main(["--size", "33,41", "--blocks", "1,1,1,1", "--batches", "1,2", "--steps", "2",
+                          "--families", "dag"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "MiB" not in line]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    # The chunks row only where a chunk of one image is not the whole batch.
+    assert [(row[0], row[1]) for row in rows] == [("value_and_grad", "1"), ("dag", "1"), ("value_and_grad", "2"),
+                                                  ("dag", "2"), ("dag (chunks of 1)", "2")]
+    temps = {(row[0], row[1]): float(row[3]) for row in rows}
+    for row in rows:
+        assert float(row[4]) == pytest.approx(float(row[3]) / temps[("value_and_grad", row[1])], abs=0.01)
+    assert temps[("dag (chunks of 1)", "2")] < temps[("dag", "2")]
+
+
+def test_memory_script_names_an_unknown_variant(capsys):
+    with pytest.raises(SystemExit) as stop:
+        memory_script().main(["--variants", "batch,tiles"])
+    assert stop.value.code == 2
+    assert "--variants: unknown ['tiles']" in capsys.readouterr().err
