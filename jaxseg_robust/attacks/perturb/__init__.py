@@ -10,7 +10,7 @@ statistics), ``losses``, ``amsgrad`` (PyTorch-style AMSGrad for optax),
 ``padam`` (PAdam-CE/Cos), ``apgd`` (APGD core, radius schedules), ``sea``
 (SEA-BCE/MCE/JSD/MSL), ``dag``, ``alma_prox``, ``pdpgd``, ``ensemble``
 (battery, per-image worst case), ``programs`` (compiled once per bucket; the dataset scores of its records are in
-`jaxseg_robust.reports.perturb_scores`).
+`jaxseg_robust.reports.perturb_scores`), ``image_chunks`` (on an accelerator the batch attacked a chunk at a time).
 """
 
 from jaxseg_robust.attacks.perturb.alma_prox import alma_prox

@@ -42,6 +42,7 @@ from jaxseg_robust.attacks.perturb.common import (
     per_image_scores,
 )
 from jaxseg_robust.attacks.perturb.dag import dag
+from jaxseg_robust.attacks.perturb.image_chunks import DEFAULT_ACCELERATOR_CHUNK, per_platform
 from jaxseg_robust.attacks.perturb.padam import padam
 from jaxseg_robust.attacks.perturb.pdpgd import pdpgd
 from jaxseg_robust.attacks.perturb.programs import CompiledProgram, compile_summary
@@ -76,6 +77,11 @@ class BatteryConfig:
       attacks: subset of ``CANDIDATE_ORDER`` names to run (order is always C-R's).
       padam_steps, sea_iterations, dag_iterations, alma_steps, pdpgd_steps:
         budgets (200, 300, 200, 500, 500); lower only for smoke runs.
+      accelerator_chunk: most images one attack pass holds on an accelerator
+        (GPU): the batch is attacked in chunks of this many images in
+        sequence inside one program, bounding its memory (`image_chunks`;
+        perturbation.md, "Accelerator memory"); the CPU always attacks the
+        whole batch. Results do not depend on it.
     """
 
     num_classes: int
@@ -94,6 +100,7 @@ class BatteryConfig:
     dag_iterations: int = 200
     alma_steps: int = 500
     pdpgd_steps: int = 500
+    accelerator_chunk: int = DEFAULT_ACCELERATOR_CHUNK
 
     def __post_init__(self):
         check_steps(self.num_classes, "num_classes")
@@ -109,7 +116,8 @@ class BatteryConfig:
             unknown = [name for name in self.attacks if name not in CANDIDATE_ORDER]
             if unknown:
                 raise ValueError(f"attacks contains unknown names {unknown}; known: {CANDIDATE_ORDER}")
-        for name in ("padam_steps", "sea_iterations", "dag_iterations", "alma_steps", "pdpgd_steps"):
+        for name in ("padam_steps", "sea_iterations", "dag_iterations", "alma_steps", "pdpgd_steps",
+                     "accelerator_chunk"):
             check_steps(getattr(self, name), name)
 
     def candidate_names(self) -> tuple[str, ...]:
@@ -167,12 +175,17 @@ def _in_region(result: AttackResult, images, region) -> AttackResult:
     return result._replace(images=jnp.where(region[..., None], result.images, images))
 
 
-def _family_programs(logits_fn: LogitsFn, config: BatteryConfig, wanted: set[str]) -> dict[str, CompiledProgram]:
-    """Shared programs ``(params, images, labels, valid, keys, attack_index, member[, region]) -> AttackResult``.
+def family_attacks(logits_fn: LogitsFn, config: BatteryConfig, wanted: set[str] | None = None) -> dict[str, Callable]:
+    """Each attack family's whole-batch program (uncompiled), for the families in ``wanted`` (default: all five).
+
+    A program maps ``(params, images, labels, valid, keys, attack_index,
+    member[, region])`` to an `AttackResult`; the families are padam, sea,
+    dag, pdpgd and alma_prox (``PROGRAM_OF``).
 
     Without ``region`` the attacks run on the model as it is; with it
     (spatially padded frames, §10.6) on `region_model`, with padding excluded
     from the attack mask and the perturbation set to zero outside the region.
+    `build_battery` compiles each through `image_chunks.per_platform`.
     """
     c = config
     epsilon = float(c.epsilon)
@@ -217,7 +230,13 @@ def _family_programs(logits_fn: LogitsFn, config: BatteryConfig, wanted: set[str
               "pdpgd": lambda: min_norm(pdpgd, num_steps=c.pdpgd_steps),
               "alma_prox": lambda: min_norm(alma_prox, num_steps=c.alma_steps, lr_init=c.alma_lr_init,
                                             reference_quirks=c.reference_quirks)}
-    return {name: CompiledProgram(name, program_of(makers[name]())) for name in makers if name in wanted}
+    return {name: program_of(makers[name]()) for name in makers if wanted is None or name in wanted}
+
+
+def _family_programs(logits_fn: LogitsFn, config: BatteryConfig, wanted: set[str]) -> dict[str, CompiledProgram]:
+    """`family_attacks` compiled once per bucket: the whole batch on the CPU, `image_chunks.in_chunks` elsewhere."""
+    return {name: CompiledProgram(name, per_platform(attack, config.accelerator_chunk))
+            for name, attack in family_attacks(logits_fn, config, wanted).items()}
 
 
 def build_battery(logits_fn: LogitsFn, config: BatteryConfig) -> tuple[Candidate, ...]:
