@@ -39,6 +39,22 @@ def format_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"
 
 
+def use_compile_cache(option: str | None, command: str) -> bool:
+    """Points JAX's persistent compilation cache where ``--compile-cache`` (``option``), its environment
+    variable or the default says (`jaxseg_robust.runner.compile_cache`); False after printing one line
+    when it cannot."""
+    from jaxseg_robust.runner.compile_cache import configure_compile_cache, resolve_cache_dir  # noqa: PLC0415
+
+    try:
+        directory = resolve_cache_dir(option)
+        configure_compile_cache(directory)
+    except (ValueError, OSError) as error:
+        print(f"{command}: error: compile cache: {error} (choose another with --compile-cache DIR, or "
+              "--compile-cache off)", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -86,6 +102,8 @@ def _main(argv: list[str] | None) -> int:
             parser.print_help()
             return EXIT_FAILURE
         command = f"jaxseg-robust {args.command}"
+        if not use_compile_cache(getattr(args, "compile_cache", None), command):
+            return EXIT_FAILURE
         previous = _stop_on_sigterm()
         try:
             return int(args.func(args))
