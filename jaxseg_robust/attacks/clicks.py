@@ -313,22 +313,21 @@ def optimise_click(objective, ctx: ClickInstance, config: TetrisConfig, state: C
                        biou=jnp.float32(jnp.nan), loc=jnp.float32(jnp.inf), reference_loc=jnp.float32(jnp.inf),
                        probability=state.probability, feedback=state.feedback, point=q0,
                        step=jnp.int32(0), accepted=jnp.int32(0))
-    if n_iterates > 1:
-        def step(carry, step_index):
-            q, opt_state, best = carry
-            (loss, aux), grad = jax.value_and_grad(objective, has_aux=True)(q)
-            best, log = consider(best, q, loss, aux, step_index)
-            updates, opt_state = optimizer.update(grad, opt_state, q)
-            return (optax.apply_updates(q, updates), opt_state, best), log
+    if n_iterates == 1:  # the baseline: iterate 0 only, no gradient
+        loss, aux = objective(q0)
+        best, log = consider(best, q0, loss, aux, jnp.int32(0))
+        return best, jax.tree.map(lambda leaf: leaf[None], log)
 
-        (q_last, _, best), logs = lax.scan(step, (q0, optimizer.init(q0), best),
-                                           jnp.arange(n_iterates - 1, dtype=jnp.int32))
-    else:
-        q_last, logs = q0, None
-    loss, aux = objective(q_last)  # the update after the last iterate is never evaluated: skipped
-    best, last_log = consider(best, q_last, loss, aux, jnp.int32(n_iterates - 1))
-    last_log = jax.tree.map(lambda leaf: leaf[None], last_log)
-    logs = last_log if logs is None else jax.tree.map(lambda a, b: jnp.concatenate([a, b]), logs, last_log)
+    def step(carry, step_index):
+        q, opt_state, best = carry
+        (loss, aux), grad = jax.value_and_grad(objective, has_aux=True)(q)
+        best, log = consider(best, q, loss, aux, step_index)
+        updates, opt_state = optimizer.update(grad, opt_state, q)
+        return (optax.apply_updates(q, updates), opt_state, best), log
+
+    # Every iterate in the one loop body, the last too (its gradient and update are never used, as in the
+    # reference's loop): one copy of the decoder's forward pass in the program, not a second one after the loop.
+    (_, _, best), logs = lax.scan(step, (q0, optimizer.init(q0), best), jnp.arange(n_iterates, dtype=jnp.int32))
     return best, logs
 
 
