@@ -17,6 +17,8 @@ size of synthetic 48 x 64 instances in the 64 x 64 bucket frame, and prints:
                                    ``stablehlo.`` statement)
   dots / convs                     ``stablehlo.dot_general`` / ``stablehlo.convolution`` operations: copies
                                    of the decoder traced into the program show up here
+  dots_in_loops                    the dots inside some while loop (calls followed from ``main``; a
+                                   function called from two places counts twice)
   whiles                           ``stablehlo.while`` operations (every ``lax.scan`` / ``fori_loop`` /
                                    ``while_loop``), over the module's functions
   depth                            the deepest nesting of while loops, through calls of private functions
@@ -37,16 +39,16 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests"))
+
+from compiled_hlo import ops_by_while_depth, while_depth  # noqa: E402
+
 PROTOCOLS = ("tetris", "breps", "click_grid", "box_grid")
 IMAGE_HW = (48, 64)
 FRAME = (64, 64)
 
 
 # ---- StableHLO text ---------------------------------------------------------------------------
-
-_FUNC = re.compile(r"^\s*func\.func\s+(?:public\s+|private\s+)?@([\w.$-]+)\(")
-_CALL = re.compile(r"\bcall @([\w.$-]+)\(")
-
 
 @dataclasses.dataclass(frozen=True)
 class ModuleStructure:
@@ -55,68 +57,20 @@ class ModuleStructure:
     text_bytes: int
     ops: int
     dots: int
+    dots_in_loops: int
     convs: int
     whiles: int
     depth: int
 
 
-def _function_bodies(text: str) -> dict[str, list[str]]:
-    """Function name -> its lines (from its ``func.func`` line to the line before the next one)."""
-    bodies: dict[str, list[str]] = {}
-    current = None
-    for line in text.splitlines():
-        match = _FUNC.match(line)
-        if match:
-            current = match.group(1)
-            bodies[current] = []
-        elif current is not None:
-            bodies[current].append(line)
-    return bodies
-
-
-def _local_nesting(lines: list[str]) -> tuple[int, list[tuple[str, int]]]:
-    """(deepest while nesting inside one function, [(callee, while depth at the call)]).
-
-    A while's regions open on its line or the next (``cond {`` ... ``} do {`` ... ``}``); it
-    is open while the brace depth stays above the depth its line started at.
-    """
-    depth, open_whiles, deepest, calls = 0, [], 0, []
-    for line in lines:
-        if "stablehlo.while" in line:
-            open_whiles.append(depth)
-            deepest = max(deepest, len(open_whiles))
-        calls.extend((callee, len(open_whiles)) for callee in _CALL.findall(line))
-        depth += line.count("{") - line.count("}")
-        while open_whiles and depth <= open_whiles[-1] and "stablehlo.while" not in line:
-            open_whiles.pop()
-    return deepest, calls
-
-
-def while_depth(text: str) -> int:
-    """The deepest nesting of ``stablehlo.while`` in a module, following calls into private functions."""
-    bodies = _function_bodies(text)
-    local = {name: _local_nesting(lines) for name, lines in bodies.items()}
-    memo: dict[str, int] = {}
-
-    def deepest(name: str, stack: tuple[str, ...] = ()) -> int:
-        if name in memo:
-            return memo[name]
-        if name not in local or name in stack:
-            return 0
-        own, calls = local[name]
-        result = max([own] + [level + deepest(callee, stack + (name,)) for callee, level in calls])
-        memo[name] = result
-        return result
-
-    return max((deepest(name) for name in bodies), default=0)
-
-
 def module_structure(text: str) -> ModuleStructure:
-    """`ModuleStructure` of a StableHLO module's text."""
+    """`ModuleStructure` of a StableHLO module's text (loops read by `tests/compiled_hlo.py`)."""
+    dots = ops_by_while_depth(text, "dot_general")
     return ModuleStructure(text_bytes=len(text.encode()),
                            ops=len(re.findall(r"(?:= |^\s*)\"?stablehlo\.\w+", text, re.MULTILINE)),
-                           dots=text.count("stablehlo.dot_general"), convs=text.count("stablehlo.convolution"),
-                           whiles=text.count("stablehlo.while"), depth=while_depth(text))
+                           dots=sum(dots.values()), dots_in_loops=sum(c for d, c in dots.items() if d > 0),
+                           convs=text.count("stablehlo.convolution"),
+                           whiles=sum(ops_by_while_depth(text, "while").values()), depth=while_depth(text))
 
 
 # ---- the programs -----------------------------------------------------------------------------
@@ -188,12 +142,14 @@ def measure(protocol: str, segmenter, params, size, compile_it: bool, dump: path
         compile_seconds = time.perf_counter() - start
     cpu, cuda = module_structure(cpu_text), module_structure(cuda_text)
     return {"protocol": protocol, "batch": batch_size, "stablehlo_cpu": cpu.text_bytes,
-            "stablehlo_cuda": cuda.text_bytes, "ops": cpu.ops, "dots": cpu.dots, "convs": cpu.convs,
+            "stablehlo_cuda": cuda.text_bytes, "ops": cpu.ops, "dots": cpu.dots,
+            "dots_in_loops": cpu.dots_in_loops, "convs": cpu.convs,
             "whiles": cpu.whiles, "depth": cpu.depth, "cuda_whiles": cuda.whiles, "cuda_depth": cuda.depth,
             "trace_s": trace_seconds, "lower_s": lower_seconds, "compile_s": compile_seconds}
 
 
-COLUMNS = ("protocol", "batch", "stablehlo_cpu", "stablehlo_cuda", "ops", "dots", "convs", "whiles", "depth",
+COLUMNS = ("protocol", "batch", "stablehlo_cpu", "stablehlo_cuda", "ops", "dots", "dots_in_loops", "convs",
+           "whiles", "depth",
            "cuda_whiles", "cuda_depth", "trace_s", "lower_s", "compile_s")
 
 
