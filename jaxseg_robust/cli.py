@@ -41,17 +41,18 @@ def format_warning(message, category, filename, lineno, line=None) -> str:
 
 def use_compile_cache(option: str | None, command: str) -> bool:
     """Points JAX's persistent compilation cache where ``--compile-cache`` (``option``), its environment
-    variable or the default says (`jaxseg_robust.runner.compile_cache`); False after printing one line
-    when it cannot."""
-    from jaxseg_robust.runner.compile_cache import configure_compile_cache, resolve_cache_dir  # noqa: PLC0415
+    variable or the default says (`jaxseg_robust.runner.compile_cache.switch_compile_cache`); False after
+    printing one line when the directory the user named cannot be used."""
+    from jaxseg_robust.runner.compile_cache import switch_compile_cache  # noqa: PLC0415
 
     try:
-        directory = resolve_cache_dir(option)
-        configure_compile_cache(directory)
+        warning = switch_compile_cache(option)
     except (ValueError, OSError) as error:
         print(f"{command}: error: compile cache: {error} (choose another with --compile-cache DIR, or "
               "--compile-cache off)", file=sys.stderr, flush=True)
         return False
+    if warning is not None:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     return True
 
 

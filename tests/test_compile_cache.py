@@ -85,6 +85,18 @@ def test_compile_cache_off_writes_nothing(tmp_path, capsys, monkeypatch, cache_s
     assert "1 bucket program(s), 0 from the cache" in stdout
 
 
+def test_a_default_directory_that_cannot_be_made_leaves_the_cache_off(tmp_path, cache_switched_off_after):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    warning = compile_cache.switch_compile_cache(None, {"XDG_CACHE_HOME": str(blocker)})
+    assert warning.startswith("the compilation cache is off:") and "--compile-cache DIR" in warning
+    assert jax.config.jax_compilation_cache_dir is None
+    with pytest.raises(OSError):  # a directory the user named must work
+        compile_cache.switch_compile_cache(None, {compile_cache.ENV_VAR: str(blocker / "cache")})
+    assert compile_cache.switch_compile_cache(None, {compile_cache.ENV_VAR: str(tmp_path / "c")}) is None
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "c") and (tmp_path / "c").is_dir()
+
+
 def test_a_cache_directory_that_cannot_be_made_exits_2(tmp_path, capsys, cache_switched_off_after):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")

@@ -109,5 +109,32 @@ def configure_compile_cache(directory: pathlib.Path | None) -> None:
     compilation_cache.reset_cache()
 
 
+def switch_compile_cache(option: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """`resolve_cache_dir` then `configure_compile_cache`: what the command line does before a command.
+
+    A default directory that cannot be created (a read-only home) leaves the cache off and returns a
+    warning saying so; a directory the user named must work.
+
+    Returns:
+      None, or the warning text.
+
+    Raises:
+      ValueError: an empty ``--compile-cache`` or ``$JAXSEG_ROBUST_COMPILE_CACHE``.
+      OSError: the directory the flag or an environment variable names cannot be created.
+    """
+    environ = os.environ if environ is None else environ
+    directory = resolve_cache_dir(option, environ)
+    named = option is not None or bool(environ.get(ENV_VAR)) or bool(environ.get(JAX_ENV_VAR))
+    try:
+        configure_compile_cache(directory)
+    except OSError as error:
+        if named:
+            raise
+        configure_compile_cache(None)
+        return f"the compilation cache is off: {error} (choose a directory with --compile-cache DIR)"
+    return None
+
+
 __all__ = ["ENV_VAR", "JAX_ENV_VAR", "OFF", "MIN_COMPILE_SECONDS", "CACHE_HIT_EVENT", "default_cache_dir",
-           "resolve_cache_dir", "listen_for_cache_hits", "cache_hits", "configure_compile_cache"]
+           "resolve_cache_dir", "listen_for_cache_hits", "cache_hits", "configure_compile_cache",
+           "switch_compile_cache"]
