@@ -303,8 +303,9 @@ def consider_iterate(ctx: ClickInstance, config: TetrisConfig, setup: ClickSetup
 
 def optimise_click(objective, ctx: ClickInstance, config: TetrisConfig, state: ClickState,
                    setup: ClickSetup, q0=None, to_click=None) -> tuple[BestIterate, ClickIterates]:
-    """The S evaluated iterates of one click (S - 1 Adam steps) from ``q0`` (default ``setup.q0``);
-    returns (accepted iterate, log [S, ...]); ``to_click`` as `consider_iterate`."""
+    """The S evaluated iterates of one click (S - 1 Adam steps that matter) from ``q0`` (default ``setup.q0``),
+    all in one ``lax.scan`` body (docs/protocols/tetris.md, "The unused last update"); returns (accepted
+    iterate, log [S, ...]); ``to_click`` as `consider_iterate`."""
     n_iterates = config.evaluated_iterates
     q0 = setup.q0 if q0 is None else q0
     optimizer = optax.adam(ctx.learning_rate)
