@@ -11,6 +11,11 @@ Exit codes (every command):
      kill): one line, no traceback; rerunning the same command resumes
      (records are written once per batch).
 
+Before a command runs, JAX's persistent compilation cache is pointed where
+``--compile-cache DIR|off`` (before the command), ``$JAXSEG_ROBUST_COMPILE_CACHE``
+or the per-user default says (`use_compile_cache`,
+`jaxseg_robust.runner.compile_cache`).
+
 Warnings (a mask that is not two-valued, skipped files, ...) print as
 ``warning: MESSAGE`` on stderr, without the source file and line of the code
 that raised them (`format_warning`; set for the command line only).
