@@ -60,7 +60,8 @@ def test_timed_finalize_writes_timings_and_compiles_and_passes_the_rest_on(tmp_p
     entry = artifacts.read_timings(tmp_path)[("d", "a")]
     assert (entry["seconds"], entry["wall_seconds"], entry["batch_instances"], entry["clicks"]) == (0.25, 0.375, 2, 4)
     [event] = artifacts.read_compile_events(tmp_path)  # drained once: one line
-    assert event == {"program": "toy program", "frame": [8, 16], "batch": 2, "seconds": 1.5, "process": 0}
+    assert event == {"program": "toy program", "frame": [8, 16], "batch": 2, "seconds": 1.5, "from_cache": False,
+                     "process": 0}
     with open(tmp_path / artifacts.COMPILE_LOG, "a") as handle:  # perturb's session summary line is not a bucket
         handle.write('{"programs": 3, "compile_seconds": 9.0}\n{"program": "cut')
     assert len(artifacts.read_compile_events(tmp_path)) == 1
