@@ -43,6 +43,7 @@ from jax import lax
 
 from jaxseg_robust.attacks.click_state import (
     BestIterate,
+    batched_like_instance,
     ClickInstance,
     ClickIterates,
     ClickSetup,
@@ -328,7 +329,8 @@ def optimise_click(objective, ctx: ClickInstance, config: TetrisConfig, state: C
 
     # Every iterate in the one loop body, the last too (its gradient and update are never used, as in the
     # reference's loop): one copy of the decoder's forward pass in the program, not a second one after the loop.
-    (_, _, best), logs = lax.scan(step, (q0, optimizer.init(q0), best), jnp.arange(n_iterates, dtype=jnp.int32))
+    init = batched_like_instance((q0, optimizer.init(q0), best), ctx)
+    (_, _, best), logs = lax.scan(step, init, jnp.arange(n_iterates, dtype=jnp.int32))
     return best, logs
 
 
@@ -414,6 +416,7 @@ def click_trajectory(segmenter, params, features, transform: Transform, gt, widt
     state0 = ClickState(points=jnp.zeros((n_clicks, 2), jnp.float32),
                         labels=jnp.full((n_clicks,), PADDING_LABEL, jnp.int32), not_clicked=jnp.ones(gt.shape, bool),
                         probability=jnp.zeros(gt.shape, jnp.float32), feedback=feedback0)
+    state0 = batched_like_instance(state0, ctx)
     final, records = lax.scan(lambda state, index: one_click(segmenter, attempt, ctx, config, state, index,
                                                              frame_distance=view is None),
                               state0, jnp.arange(n_clicks, dtype=jnp.int32))
