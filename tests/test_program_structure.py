@@ -1,7 +1,8 @@
 """The structure of the TETRIS batch program (issue 30: compile once, and fast).
 
 The program is read as the StableHLO JAX hands XLA (`compiled_hlo.ops_by_while_depth`); nothing is
-compiled. What the compile time depends on is how many copies of the model's decoder are traced into
+compiled. The loops' initial carries are batched from the start, so tracing batches each loop body
+once per vmap (`batched_like_instance`). What the compile time depends on is how many copies of the model's decoder are traced into
 it: one forward and backward pass in the loop over iterates, none beside it, and one trace for MIN and
 MAX together (vmapped). `experiments/benchmarks/program_structure.py` prints the sizes of every
 protocol's program.
@@ -72,3 +73,31 @@ def test_min_and_max_are_one_trace(model, batch):
     both = program_text(model, batch, ClickProtocol(attack=ATTACK, minmax=True))
     assert dots(both) == dots(single)
     assert while_depth(both) == while_depth(single)
+
+
+def test_loop_carries_start_batched_like_the_instance_with_their_values_unchanged():
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from jaxseg_robust.attacks.click_state import batched_like_instance  # noqa: PLC0415
+
+    carry = {"zeros": jnp.zeros(3), "nan": jnp.float32(jnp.nan), "inf": jnp.float32(jnp.inf),
+             "labels": jnp.full((2,), -1, jnp.int32), "open": jnp.ones((2, 2), bool)}
+
+    def start(sign, learning_rate):
+        return batched_like_instance(carry, SimpleNamespace(sign=sign, learning_rate=learning_rate))
+
+    signs, rates = jnp.array([-1.0, 1.0]), jnp.array([7.07, 0.5])
+    out = jax.vmap(start)(signs, rates)
+    for name, value in carry.items():
+        expected = np.broadcast_to(np.asarray(value), (2, *np.shape(value)))
+        assert out[name].dtype == value.dtype
+        np.testing.assert_array_equal(np.asarray(out[name]), expected)
+    assert not np.signbit(np.asarray(out["zeros"])).any()  # +0.0, not -0.0
+    # batched under either vmap (MIN/MAX: the sign; instances: the step size), so scan batches its body once
+    with pytest.raises(ValueError):
+        jax.vmap(start, in_axes=(0, None), out_axes=None)(signs, jnp.float32(1.0))
+    with pytest.raises(ValueError):
+        jax.vmap(start, in_axes=(None, 0), out_axes=None)(jnp.float32(1.0), rates)
+    assert jax.vmap(lambda s: carry, out_axes=None)(signs) is not None  # constants alone stay unbatched
