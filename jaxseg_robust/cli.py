@@ -11,6 +11,11 @@ Exit codes (every command):
      kill): one line, no traceback; rerunning the same command resumes
      (records are written once per batch).
 
+Before a command runs, JAX's persistent compilation cache is pointed where
+``--compile-cache DIR|off`` (before the command), ``$JAXSEG_ROBUST_COMPILE_CACHE``
+or the per-user default says (`use_compile_cache`,
+`jaxseg_robust.runner.compile_cache`).
+
 Warnings (a mask that is not two-valued, skipped files, ...) print as
 ``warning: MESSAGE`` on stderr, without the source file and line of the code
 that raised them (`format_warning`; set for the command line only).
@@ -37,6 +42,23 @@ def format_warning(message, category, filename, lineno, line=None) -> str:
     """`warnings.formatwarning` of the command line: ``warning: MESSAGE`` and a newline, no source path or line."""
     del category, filename, lineno, line
     return f"warning: {message}\n"
+
+
+def use_compile_cache(option: str | None, command: str) -> bool:
+    """Points JAX's persistent compilation cache where ``--compile-cache`` (``option``), its environment
+    variable or the default says (`jaxseg_robust.runner.compile_cache.switch_compile_cache`); False after
+    printing one line when the directory the user named cannot be used."""
+    from jaxseg_robust.runner.compile_cache import switch_compile_cache  # noqa: PLC0415
+
+    try:
+        warning = switch_compile_cache(option)
+    except (ValueError, OSError) as error:
+        print(f"{command}: error: compile cache: {error} (choose another with --compile-cache DIR, or "
+              "--compile-cache off)", file=sys.stderr, flush=True)
+        return False
+    if warning is not None:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return True
 
 
 def _raise_interrupt(signum, frame):
@@ -86,6 +108,8 @@ def _main(argv: list[str] | None) -> int:
             parser.print_help()
             return EXIT_FAILURE
         command = f"jaxseg-robust {args.command}"
+        if not use_compile_cache(getattr(args, "compile_cache", None), command):
+            return EXIT_FAILURE
         previous = _stop_on_sigterm()
         try:
             return int(args.func(args))

@@ -176,7 +176,7 @@ def assert_png(path, size=FIGURE_PX):
 def assert_timed_summary(out) -> None:
     """Every ok instance of the run has positive device and wall seconds in ``timings.jsonl``, every compiled
     bucket positive seconds in ``compile.jsonl``, and ``summary.md`` / ``summary.csv`` show their per-dataset
-    means and the compile total."""
+    means and the compile total (and how many programs came from the compilation cache)."""
     import csv  # noqa: PLC0415
 
     from jaxseg_robust.reports.artifacts import read_compile_events, read_timings  # noqa: PLC0415
@@ -198,7 +198,9 @@ def assert_timed_summary(out) -> None:
         assert float(rows[dataset]["compile_sec"]) == pytest.approx(sum(e["seconds"] for e in events))
     markdown = (out / "summary.md").read_text()
     assert "| dataset | timed | s/instance device | s/instance wall |" in markdown
-    assert f"compile: {sum(e['seconds'] for e in events):.1f} s for {len(events)} bucket program(s)" in markdown
+    cached = sum(bool(e.get("from_cache")) for e in events)  # the test session's cache is off (conftest): 0
+    assert f"compile: {sum(e['seconds'] for e in events):.1f} s for {len(events)} bucket program(s), {cached} from " \
+        "the cache" in markdown
     assert_device_busy_line(out, markdown)
 
 

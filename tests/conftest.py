@@ -18,6 +18,10 @@ settings.register_profile("thorough", deadline=None, max_examples=400,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# The command line's persistent compilation cache is off in the test session (`runner.compile_cache`): a test
+# never writes into the user's cache; the tests of the cache pass their own temporary --compile-cache DIR.
+os.environ["JAXSEG_ROBUST_COMPILE_CACHE"] = "off"
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # ../shared/data/real beside the checkout, or $JAXSEG_REAL_DATA.
 REAL_DATA = pathlib.Path(os.environ.get("JAXSEG_REAL_DATA", REPO_ROOT.parent / "shared" / "data" / "real"))

@@ -75,6 +75,19 @@ def test_tiny_demo_writes_every_sub_run_and_one_report(tmp_path, capsys):
     assert again.count("0 ok, 0 failed, 2 skipped") == 4
 
 
+def test_compile_line_sums_the_sub_runs_compile_events(tmp_path):
+    from jaxseg_robust.reports.artifacts import append_compile_events  # noqa: PLC0415
+    from jaxseg_robust.runner.program import CompileEvent  # noqa: PLC0415
+
+    for protocol in demo.PROTOCOLS:
+        (tmp_path / protocol).mkdir()
+    append_compile_events(tmp_path / "tetris", [CompileEvent("TETRIS program", (64, 64), 4, 20.0),
+                                                CompileEvent("TETRIS program", (64, 128), 4, 1.25, from_cache=True)])
+    append_compile_events(tmp_path / "box_grid", [CompileEvent("box grid program", (64, 64), 1, 3.0)])
+    assert demo.compile_line(tmp_path) == ("compile: 24.2 s for 3 bucket program(s), 1 from the cache (tetris "
+                                           "21.2 s, breps 0.0 s, click_grid 0.0 s, box_grid 3.0 s)")
+
+
 def test_help_says_how_to_pick_the_device(capsys):
     with pytest.raises(SystemExit):
         cli.main(["demo", "--help"])
@@ -106,13 +119,16 @@ def _ok_payloads(run_dir: pathlib.Path) -> dict:
 def test_tiny_demo_with_the_default_model_moves_every_attack(tmp_path, capsys):
     """The README's main job at CI size: the shipped model, every sub-run, a report, attacks that bite."""
     out = tmp_path / "demo"
-    code, _, err = run_cli(["demo", "--out", str(out), "--size", "tiny", "--progress", "none"], capsys)
+    code, stdout, err = run_cli(["demo", "--out", str(out), "--size", "tiny", "--progress", "none"], capsys)
     assert code == cli.EXIT_OK, err
     size = demo.SIZES["tiny"]
     text = (out / "report" / "report.md").read_text()
     assert f"`{zoo.DEFAULT_MODEL}`" in text and "UNTRAINED" not in text
     for table in ("IoU-AuC@2 Min", "IoU-Tight@BBox", "Click grid", "Box grid", "NoC@85"):
         assert table in text
+    compiled = demo.compile_line(out)  # issue 30: the compile total of the four sub-runs, printed and in the report
+    assert compiled.startswith("compile: ") and "for 4 bucket program(s), 0 from the cache (tetris " in compiled
+    assert compiled in stdout and f"Total {compiled}" in text
     images = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
     assert len(images) >= 1 + 3 * size.instances + size.instances  # curves, clicks, boxes, two heatmaps each
     for relative in images:

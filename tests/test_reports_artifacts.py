@@ -62,8 +62,8 @@ def test_timed_finalize_writes_timings_and_compiles_and_passes_the_rest_on(tmp_p
     assert (entry["batch_started"], entry["batch_ended"]) == (990.0, 1001.0)
     assert artifacts.read_timings(tmp_path)[("d", "b")]["session"] not in ("", entry["session"])  # one per finalize
     [event] = artifacts.read_compile_events(tmp_path)  # drained once: one line
-    assert event == {"program": "toy program", "frame": [8, 16], "batch": 2, "seconds": 1.5, "process": 0,
-                     "ended": 1000.0, "session": entry["session"]}
+    assert event == {"program": "toy program", "frame": [8, 16], "batch": 2, "seconds": 1.5, "from_cache": False,
+                     "process": 0, "ended": 1000.0, "session": entry["session"]}
     with open(tmp_path / artifacts.COMPILE_LOG, "a") as handle:  # perturb's session summary line is not a bucket
         handle.write('{"programs": 3, "compile_seconds": 9.0}\n{"program": "cut')
     assert len(artifacts.read_compile_events(tmp_path)) == 1

@@ -34,7 +34,12 @@ def test_dataset_means_and_the_mean_row():
                                                                ("mean", 3, 3.5)]
     assert rows[0].wall == 3.0 and math.isnan(rows[1].wall) and math.isnan(rows[2].device)
     assert rows[3].wall == 3.0  # the mean of the dataset rows that have one
-    assert compile_total([{"seconds": 1.25}, {"seconds": 2.0}]) == CompileTotal(2, 3.25)
+    assert compile_total([{"seconds": 1.25}, {"seconds": 2.0}]) == CompileTotal(2, 3.25, 0)
+    # issue 30: programs JAX read from its persistent cache are counted (older lines have no from_cache)
+    events = [{"seconds": 9.0, "from_cache": False}, {"seconds": 0.5, "from_cache": True}, {"seconds": 1.0}]
+    assert compile_total(events) == CompileTotal(3, 10.5, 1)
+    assert "compile: 10.5 s for 3 bucket program(s), 1 from the cache, in no per-instance time" in \
+        timing_markdown([], compile_total(events))
 
 
 def test_csv_gets_three_columns_by_dataset_and_markdown_a_table_and_the_compile_line():
@@ -54,10 +59,13 @@ def test_csv_gets_three_columns_by_dataset_and_markdown_a_table_and_the_compile_
 
 def test_add_timing_reads_the_run_directory(tmp_path):
     artifacts.append_timing(tmp_path, artifacts.timing_line(("A", "1"), 0.5, 1, 0, 0.75))
-    artifacts.append_compile_events(tmp_path, [CompileEvent("p", (8, 8), 1, 2.0)])
+    artifacts.append_compile_events(tmp_path, [CompileEvent("p", (8, 8), 1, 2.0),
+                                                CompileEvent("p", (8, 16), 1, 0.25, from_cache=True)])
+    assert [e["from_cache"] for e in artifacts.read_compile_events(tmp_path)] == [False, True]
     markdown, csv_text = add_timing(tmp_path, "| dataset |\n|---|\n| A |", "dataset\nA\n")
     assert markdown.startswith("| dataset |\n|---|\n| A |\n\n| dataset | timed | s/instance device |")
-    assert csv_text == "dataset,sec_device,sec_wall,compile_sec\nA,0.5,0.75,2.0\n"
+    assert csv_text == "dataset,sec_device,sec_wall,compile_sec\nA,0.5,0.75,2.25\n"
+    assert "compile: 2.2 s for 2 bucket program(s), 1 from the cache" in markdown
     assert "device busy" not in markdown  # a line without the batch timestamps: no share
 
 
@@ -89,7 +97,7 @@ def test_device_busy_share_of_a_synthetic_run(tmp_path):
     assert busy == DeviceBusy(19.0, 25.0, 2) and busy.share == pytest.approx(0.76)
     markdown, _ = add_timing(tmp_path, "| dataset |\n|---|\n| A |", "dataset\nA\nB\n")
     compile_line = markdown.splitlines()[-1]
-    assert compile_line.startswith("compile: 53.0 s for 2 bucket program(s), in no per-instance time")
+    assert compile_line.startswith("compile: 53.0 s for 2 bucket program(s), 0 from the cache, in no per-instance time")
     assert compile_line.endswith("; device busy 76 % of 25.0 s after compile")
     run_markdown, _ = add_run_timing(tmp_path, "| attack |", "attack\nx\n")
     assert run_markdown.endswith("; device busy 76 % of 25.0 s after compile")

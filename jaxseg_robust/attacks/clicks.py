@@ -43,6 +43,7 @@ from jax import lax
 
 from jaxseg_robust.attacks.click_state import (
     BestIterate,
+    batched_like_instance,
     ClickInstance,
     ClickIterates,
     ClickSetup,
@@ -303,8 +304,9 @@ def consider_iterate(ctx: ClickInstance, config: TetrisConfig, setup: ClickSetup
 
 def optimise_click(objective, ctx: ClickInstance, config: TetrisConfig, state: ClickState,
                    setup: ClickSetup, q0=None, to_click=None) -> tuple[BestIterate, ClickIterates]:
-    """The S evaluated iterates of one click (S - 1 Adam steps) from ``q0`` (default ``setup.q0``);
-    returns (accepted iterate, log [S, ...]); ``to_click`` as `consider_iterate`."""
+    """The S evaluated iterates of one click (S - 1 Adam steps that matter) from ``q0`` (default ``setup.q0``),
+    all in one ``lax.scan`` body (docs/protocols/tetris.md, "The unused last update"); returns (accepted
+    iterate, log [S, ...]); ``to_click`` as `consider_iterate`."""
     n_iterates = config.evaluated_iterates
     q0 = setup.q0 if q0 is None else q0
     optimizer = optax.adam(ctx.learning_rate)
@@ -313,22 +315,22 @@ def optimise_click(objective, ctx: ClickInstance, config: TetrisConfig, state: C
                        biou=jnp.float32(jnp.nan), loc=jnp.float32(jnp.inf), reference_loc=jnp.float32(jnp.inf),
                        probability=state.probability, feedback=state.feedback, point=q0,
                        step=jnp.int32(0), accepted=jnp.int32(0))
-    if n_iterates > 1:
-        def step(carry, step_index):
-            q, opt_state, best = carry
-            (loss, aux), grad = jax.value_and_grad(objective, has_aux=True)(q)
-            best, log = consider(best, q, loss, aux, step_index)
-            updates, opt_state = optimizer.update(grad, opt_state, q)
-            return (optax.apply_updates(q, updates), opt_state, best), log
+    if n_iterates == 1:  # the baseline: iterate 0 only, no gradient
+        loss, aux = objective(q0)
+        best, log = consider(best, q0, loss, aux, jnp.int32(0))
+        return best, jax.tree.map(lambda leaf: leaf[None], log)
 
-        (q_last, _, best), logs = lax.scan(step, (q0, optimizer.init(q0), best),
-                                           jnp.arange(n_iterates - 1, dtype=jnp.int32))
-    else:
-        q_last, logs = q0, None
-    loss, aux = objective(q_last)  # the update after the last iterate is never evaluated: skipped
-    best, last_log = consider(best, q_last, loss, aux, jnp.int32(n_iterates - 1))
-    last_log = jax.tree.map(lambda leaf: leaf[None], last_log)
-    logs = last_log if logs is None else jax.tree.map(lambda a, b: jnp.concatenate([a, b]), logs, last_log)
+    def step(carry, step_index):
+        q, opt_state, best = carry
+        (loss, aux), grad = jax.value_and_grad(objective, has_aux=True)(q)
+        best, log = consider(best, q, loss, aux, step_index)
+        updates, opt_state = optimizer.update(grad, opt_state, q)
+        return (optax.apply_updates(q, updates), opt_state, best), log
+
+    # Every iterate in the one loop body, the last too (its gradient and update are never used, as in the
+    # reference's loop): one copy of the decoder's forward pass in the program, not a second one after the loop.
+    init = batched_like_instance((q0, optimizer.init(q0), best), ctx)
+    (_, _, best), logs = lax.scan(step, init, jnp.arange(n_iterates, dtype=jnp.int32))
     return best, logs
 
 
@@ -414,6 +416,7 @@ def click_trajectory(segmenter, params, features, transform: Transform, gt, widt
     state0 = ClickState(points=jnp.zeros((n_clicks, 2), jnp.float32),
                         labels=jnp.full((n_clicks,), PADDING_LABEL, jnp.int32), not_clicked=jnp.ones(gt.shape, bool),
                         probability=jnp.zeros(gt.shape, jnp.float32), feedback=feedback0)
+    state0 = batched_like_instance(state0, ctx)
     final, records = lax.scan(lambda state, index: one_click(segmenter, attempt, ctx, config, state, index,
                                                              frame_distance=view is None),
                               state0, jnp.arange(n_clicks, dtype=jnp.int32))

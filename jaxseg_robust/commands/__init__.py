@@ -19,10 +19,12 @@ COMMAND_MODULES = ("score", "breps", "tetris", "grid", "rclicks", "perturb", "re
 def build_parser() -> argparse.ArgumentParser:
     """Returns the top-level parser with every sub-command registered."""
     from jaxseg_robust import __version__  # noqa: PLC0415
+    from jaxseg_robust.commands.flags import add_compile_cache_flag  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(prog="jaxseg-robust",
                                      description="Measure how robust segmentation models are to their inputs.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_compile_cache_flag(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"jaxseg_robust.commands.{name}").register(subparsers)

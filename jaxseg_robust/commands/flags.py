@@ -9,6 +9,7 @@ Flags accept both spellings where RITM/BREPS users type underscores
   run       --out RUN_DIR, --batch-size, --frame, --progress, --retry-failed,
             --allow-manifest-mismatch, --abort-after
   processes --distributed, --process-index I --process-count N
+  global    --compile-cache DIR|off (`add_compile_cache_flag`, before the sub-command)
   attack    --mode (`add_mode_flag`), --n-opt-steps S, --lr-mult (`add_attack_step_flags`)
 
 Bad values raise argparse errors (exit 2) or `CommandError` (printed as
@@ -48,6 +49,17 @@ DEVICE_EPILOG = """\
 device: JAX picks the accelerator if one is installed; choose with the environment variable
 JAX_PLATFORMS=cpu|cuda|tpu (e.g. JAX_PLATFORMS=cpu jaxseg-robust ...); a batch is sharded over
 all local devices of that platform."""
+
+
+def add_compile_cache_flag(parser) -> None:
+    """The global ``--compile-cache DIR|off`` of `jaxseg-robust` (before the sub-command;
+    `jaxseg_robust.runner.compile_cache`)."""
+    from jaxseg_robust.runner.compile_cache import ENV_VAR, JAX_ENV_VAR, OFF  # noqa: PLC0415
+
+    add_flag(parser, "--compile-cache", default=None, metavar=f"DIR|{OFF}",
+             help=f"JAX's persistent compilation cache: a second run of a command loads its compiled programs "
+                  f"from DIR instead of compiling them again; '{OFF}' disables it (default: ${ENV_VAR}, else "
+                  f"${JAX_ENV_VAR}, else $XDG_CACHE_HOME/jaxseg_robust/jax or ~/.cache/jaxseg_robust/jax)")
 
 
 def flag_spellings(name: str) -> list[str]:

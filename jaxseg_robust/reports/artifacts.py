@@ -35,8 +35,11 @@ records, one file or line per instance:
   ``RUN_DIR/compile.jsonl``
       one JSON line per compiled bucket program (`append_compile_events`):
       ``program`` (what was compiled), ``frame`` [H, W], ``batch``,
-      ``seconds`` (compile wall seconds), ``process``, ``ended`` (Unix
-      seconds when it ended) and ``session`` (as in the timings). Every session of
+      ``seconds`` (compile wall seconds), ``from_cache`` (true: JAX read
+      the executable from its persistent compilation cache,
+      `runner.compile_cache`; lines written before it existed have none,
+      read as false), ``process``, ``ended`` (Unix seconds when it ended)
+      and ``session`` (as in the timings). Every session of
       a run directory (a resume) compiles its buckets again and adds lines.
       perturb also appends one session summary line per run (``programs``,
       ``compiles``, ``compile_seconds``, ...; no ``seconds``), which
@@ -199,8 +202,8 @@ def timed_finalize(run_dir, compile_log, clicks: int = 0, process_index: int = 0
 def append_compile_events(run_dir, events, process_index: int = 0, session: str = "") -> None:
     """Appends one ``compile.jsonl`` line per `runner.program.CompileEvent` (nothing for none)."""
     lines = [json.dumps({"program": e.program, "frame": list(e.frame), "batch": int(e.batch),
-                         "seconds": float(e.seconds), "process": int(process_index), "ended": float(e.ended_at),
-                         "session": str(session)}, sort_keys=True) + "\n"
+                         "seconds": float(e.seconds), "from_cache": bool(e.from_cache), "process": int(process_index),
+                         "ended": float(e.ended_at), "session": str(session)}, sort_keys=True) + "\n"
              for e in events]
     if lines:
         with open(pathlib.Path(run_dir) / COMPILE_LOG, "a", encoding="utf-8") as handle:

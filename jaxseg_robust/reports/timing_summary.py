@@ -8,7 +8,9 @@ Reads the side files of `jaxseg_robust.reports.artifacts` (``timings*.jsonl``,
   sec_wall      mean wall seconds per instance: the batch's host preparation and
                 that call, divided the same way (`jaxseg_robust.runner.program.BatchProgram`);
   compile_sec   the run directory's total compile seconds (every bucket program of
-                every session; in no per-instance time), the same in every row.
+                every session; in no per-instance time), the same in every row; the
+                Markdown line also says how many programs came from JAX's persistent
+                compilation cache (`jaxseg_robust.runner.compile_cache`).
 
 The ``mean`` row of a table with several datasets averages the dataset rows, as
 the tables' other columns do. The Markdown gets a small table of its own under
@@ -73,10 +75,12 @@ class DeviceBusy:
 
 @dataclasses.dataclass(frozen=True)
 class CompileTotal:
-    """The compile lines of a run directory: how many bucket programs were compiled, and their seconds."""
+    """The compile lines of a run directory: how many bucket programs were compiled, their seconds, and how
+    many of them JAX read from its persistent compilation cache."""
 
     programs: int
     seconds: float
+    from_cache: int = 0
 
 
 def dataset_seconds(timings: Mapping[tuple[str, str], Mapping], datasets: Iterable[str]) -> list[DatasetSeconds]:
@@ -99,8 +103,9 @@ def dataset_seconds(timings: Mapping[tuple[str, str], Mapping], datasets: Iterab
 
 def compile_total(events: Iterable[Mapping]) -> CompileTotal:
     """`CompileTotal` of `artifacts.read_compile_events` lines."""
+    events = list(events)
     seconds = [float(event["seconds"]) for event in events]
-    return CompileTotal(len(seconds), float(sum(seconds)))
+    return CompileTotal(len(seconds), float(sum(seconds)), sum(bool(event.get("from_cache")) for event in events))
 
 
 Interval = tuple[float, float]
@@ -174,8 +179,9 @@ def timing_markdown(rows: Iterable[DatasetSeconds], compiled: CompileTotal, busy
     the device busy share when ``busy`` has one."""
     table = markdown_table(("dataset", "timed", "s/instance device", "s/instance wall"),
                            ([r.dataset, str(r.timed), _seconds_text(r.device), _seconds_text(r.wall)] for r in rows))
-    return (f"{table}\n\ncompile: {compiled.seconds:.1f} s for {compiled.programs} bucket program(s), in no "
-            "per-instance time (device: the jitted batch call; wall: with the batch's host preparation)"
+    return (f"{table}\n\ncompile: {compiled.seconds:.1f} s for {compiled.programs} bucket program(s), "
+            f"{compiled.from_cache} from the cache, in no per-instance time (device: the jitted batch call; wall: "
+            "with the batch's host preparation)"
             f"{_busy_text(busy)}")
 
 

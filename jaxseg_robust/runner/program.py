@@ -54,6 +54,7 @@ import numpy as np
 from jaxseg_robust.metrics.masks import boundary_widths
 from jaxseg_robust.models.base import Transform, check_segmenter
 from jaxseg_robust.runner.dispatch import BatchInFlight, DispatchingBatchFunction, ReadyClock
+from jaxseg_robust.runner.compile_cache import cache_hits, listen_for_cache_hits
 
 TIMING_KEY = "_timing"  # optional output: {"batch_seconds", "batch_wall_seconds", "batch_instances",
 #                         "batch_started", "batch_ended"} [B] (`batch_timing`)
@@ -66,8 +67,10 @@ class CompileEvent:
     Attributes:
       program: what was compiled (the announcement's description, e.g. "TETRIS program (minmax)").
       frame: (Hf, Wf) the bucket frame in pixels; batch: B, the batch size it was compiled for.
-      seconds: wall seconds of ``lower(...).compile()``.
+      seconds: wall seconds of ``lower(...).compile()`` (a program from the cache: reading it).
       ended_at: Unix seconds when the compile ended (NaN: not known).
+      from_cache: JAX loaded the executable from its persistent compilation cache
+        (`jaxseg_robust.runner.compile_cache`) instead of compiling it.
     """
 
     program: str
@@ -75,6 +78,7 @@ class CompileEvent:
     batch: int
     seconds: float
     ended_at: float = math.nan
+    from_cache: bool = False
 
 
 class CompileLog:
@@ -278,6 +282,7 @@ class DeviceProgram:
     """
 
     def __init__(self, segmenter, protocol):
+        listen_for_cache_hits()
         self.segmenter = segmenter
         self.protocol = protocol
         self.traces = 0
@@ -318,11 +323,11 @@ class DeviceProgram:
         what = description or f"{self.protocol.name} program"
         if announce is not None:
             announce(f"compiling the {what} for bucket {frame_h}x{frame_w}, batch {batch} (first batch) ...")
-        before = self.traces
+        before, hits = self.traces, cache_hits()
         start = time.perf_counter()
         program = self._compiled[key] = self.jitted.lower(*args).compile()
         self.last_compile = CompileEvent(what, (int(frame_h), int(frame_w)), int(batch), time.perf_counter() - start,
-                                         time.time())
+                                         time.time(), from_cache=cache_hits() > hits)
         if self.traces != before + 1:
             raise RetraceError(f"the {self.protocol.name} program was traced {self.traces - before} times "
                                "for one signature")
