@@ -10,7 +10,7 @@
 #   semseg_mem, precision
 # Each step's output (time-stamped) goes to $OUT/<step>.log; tools.py summarises each step and prints ONE
 # table of every row at the end ($OUT/summary.txt holds the summaries and the table). Steps stop being
-# started at TOTAL_S seconds (default 470).
+# started at TOTAL_S seconds (default 470; SMOKE=1: 7200).
 #
 # Environment knobs: OUT (default /tmp/jaxseg_gpu_out), TOTAL_S, SMOKE, PY (python, default python3),
 # PAYLOAD (what prepare.sh made, default <project>/.gpu), SITE (wheel target), EXTRA_PYTHONPATH,
@@ -24,7 +24,7 @@ TOOLS="$SUITE_DIR/tools.py"
 SMOKE="${SMOKE:-0}"
 PY="${PY:-python3}"
 OUT="${OUT:-/tmp/jaxseg_gpu_out}"
-TOTAL_S="${TOTAL_S:-470}"
+TOTAL_S="${TOTAL_S:-$([ "${SMOKE:-0}" = 1 ] && echo 7200 || echo 470)}"
 PAYLOAD="${PAYLOAD:-$PROJ/.gpu}"
 RUNS=/tmp/jaxseg_gpu_runs
 START=$(date +%s)

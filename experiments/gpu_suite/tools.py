@@ -115,7 +115,7 @@ def _last(pattern: str, lines: list[str]):
 
 def headline_env(lines: list[str]) -> str:
     gpu = _first(r"^GPU 0: (.+?)(?: \(UUID|$)", lines)
-    backend = _first(r"^jax backend (\S+)", lines)
+    backend = _first(r"^jax backend ([a-z]+)", lines)
     tf32 = _first(r"default ([0-9.]+) ms, highest ([0-9.]+) ms, max\|default - highest\| / max\|highest\| "
                   r"([0-9.e+-]+)", lines)
     parts = [gpu.group(1) if gpu else f"backend {backend.group(1)}" if backend else "no device line"]
@@ -360,7 +360,8 @@ print(f"python {sys.version.split()[0]}; jax {jax.__version__} jaxlib {jaxlib.__
 for name in ("torchvision", "segment_anything", "hydra", "iopath"):
     try:
         module = __import__(name)
-        print(f"{name} {getattr(module, '__version__', '?')} from {module.__file__.rsplit('/', 2)[0]}")
+        where = (getattr(module, "__file__", None) or list(getattr(module, "__path__", ["?"]))[0]).rsplit("/", 2)[0]
+        print(f"{name} {getattr(module, '__version__', '?')} from {where}")
     except Exception as error:
         print(f"{name}: not importable ({type(error).__name__}: {error})")
 print(f"jax backend {jax.default_backend()}: {jax.devices()}")
