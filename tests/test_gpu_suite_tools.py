@@ -87,7 +87,8 @@ def test_cli_and_rclicks_headlines(tools):
              "1.800 median 1.750; batch calls [28.8] s"]
     raw = stamped(lines)
     cli = tools.headline("cli_tetris", raw)
-    assert cli == "16 ok, 0 failed; 1.800 s/instance (compile excluded); XLA compile 30.5 s; start -> first compile 2.0 s"
+    assert cli == ("16 ok, 0 failed; 1.800 s/instance (compile excluded); XLA compile 30.5 s; "
+                   "start -> first compile 2.0 s")
     rclicks = tools.headline("rclicks_sam", raw)
     assert rclicks.startswith(cli + "; 0.50 GPU-h per 1,000 instances per checkpoint")
     assert "2400 A100-h / 33 checkpoints = 72.7 A100-h per checkpoint" in rclicks

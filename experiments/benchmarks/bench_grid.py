@@ -247,7 +247,8 @@ def main(argv=None) -> int:
         agree_b = np.mean(np.abs(ours_biou - ref_biou) <= 1e-5)
         rate_jax = n / t_jax
         best = max(best, rate_jax)
-        print(f"{'jax':<7} {t_jax:>8.2f} {rate_jax:>8.1f} {c_jax:>8.2f} {rate_jax / rate_torch:>6.2f}  chunk {chunk}, precision {args.precision}; "
+        print(f"{'jax':<7} {t_jax:>8.2f} {rate_jax:>8.1f} {c_jax:>8.2f} {rate_jax / rate_torch:>6.2f}  chunk {chunk}, "
+              f"precision {args.precision}; "
               f"cpu-time ratio {c_torch / c_jax:.2f}; first call {compile_s:.1f} s (compile + run); IoU agrees "
               f"(|diff| <= 1e-5) at {100 * agree:.1f} % of positions, BIoU at {100 * agree_b:.1f} %, max |IoU diff| "
               f"{np.nanmax(np.abs(ours_iou - ref_iou)):.3g}", flush=True)

@@ -365,20 +365,25 @@ for name in ("torchvision", "segment_anything", "hydra", "iopath"):
     except Exception as error:
         print(f"{name}: not importable ({type(error).__name__}: {error})")
 print(f"jax backend {jax.default_backend()}: {jax.devices()}")
-print(f"torch cuda {torch.cuda.is_available()}" + (f": {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
+cuda = torch.cuda.is_available()
+print(f"torch cuda {cuda}" + (f": {torch.cuda.get_device_name(0)}" if cuda else ""))
 print(f"imports + device init {time.time() - t0:.1f} s")
 import jax.numpy as jnp
 n = 4096 if jax.default_backend() != "cpu" else 512
 a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
 def tim(f):
     f = jax.jit(f)
-    jax.block_until_ready(f(a)); t = time.perf_counter(); r = jax.block_until_ready(f(a)); return r, time.perf_counter() - t
+    jax.block_until_ready(f(a))
+    t = time.perf_counter()
+    r = jax.block_until_ready(f(a))
+    return r, time.perf_counter() - t
 d, td = tim(lambda x: x @ x)
 h, th = tim(lambda x: jnp.matmul(x, x, precision="highest"))
 print(f"jax f32 {n}^2 matmul: default {td * 1e3:.2f} ms, highest {th * 1e3:.2f} ms, max|default - highest| / "
       f"max|highest| {float(jnp.abs(d - h).max() / jnp.abs(h).max()):.1e} (~1e-4..1e-3 means TF32)")
 print(f"torch: float32_matmul_precision={torch.get_float32_matmul_precision()} "
-      f"cuda.matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32} cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}")
+      f"cuda.matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32} "
+      f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}")
 '''
 
 
