@@ -40,7 +40,7 @@ for ds in davis berkeley; do
   src="$real/$ds"
   mkdir -p "$dst/real/$ds/images" "$dst/real/$ds/masks"
   head -1 "$src/index.csv" > "$dst/real/$ds/index.csv"
-  tail -n +2 "$src/index.csv" | head -8 | while IFS= read -r line; do
+  sed -n '2,9p' "$src/index.csv" | while IFS= read -r line; do   # rows 1-8 (head would end tail with SIGPIPE)
     img=${line%%,*}; rest=${line#*,}; msk=${rest%%,*}
     cp "$src/$img" "$dst/real/$ds/$img"; cp "$src/$msk" "$dst/real/$ds/$msk"
     echo "$line" >> "$dst/real/$ds/index.csv"

@@ -150,9 +150,9 @@ def headline_tetris(lines: list[str]) -> str:
     final = _first(r"^final IoU .*\|diff\| mean ([0-9.e+-]+|nan) max ([0-9.e+-]+|nan)", lines)
     parts = []
     if ref and float(ref.group(3)) > 0:
-        parts.append(f"torch {1 / float(ref.group(1)):.2f} inst/s end to end ({1 / float(ref.group(3)):.2f} attack)")
+        parts.append(f"torch {1 / float(ref.group(1)):.3g} inst/s end to end ({1 / float(ref.group(3)):.3g} attack)")
     if ours and float(ours.group(4)) > 0:
-        parts.append(f"jax {1 / float(ours.group(2)):.2f} inst/s end to end ({1 / float(ours.group(4)):.2f} attack, "
+        parts.append(f"jax {1 / float(ours.group(2)):.3g} inst/s end to end ({1 / float(ours.group(4)):.3g} attack, "
                      f"batch {ours.group(1)}); first call incl. compile {ours.group(5)} s")
     if final:
         parts.append(f"final IoU |diff| mean {final.group(1)} max {final.group(2)}")
