@@ -14,7 +14,8 @@
 #
 # Environment knobs: OUT (default /tmp/jaxseg_gpu_out), TOTAL_S, SMOKE, PY (python, default python3),
 # PAYLOAD (what prepare.sh made, default <project>/.gpu), SITE (wheel target), EXTRA_PYTHONPATH,
-# TETRIS_BATCH (default 16), CLI_FRAME (default fixed:512x896).
+# TETRIS_BATCH (default 16), CLI_FRAME (default fixed:512x896), RUNS (the CLI steps' run directories,
+# default /tmp/jaxseg_gpu_runs), ONLY (space-separated step names: run just those, e.g. to rerun one).
 
 set -u
 SUITE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,7 +27,7 @@ PY="${PY:-python3}"
 OUT="${OUT:-/tmp/jaxseg_gpu_out}"
 TOTAL_S="${TOTAL_S:-$([ "${SMOKE:-0}" = 1 ] && echo 7200 || echo 470)}"
 PAYLOAD="${PAYLOAD:-$PROJ/.gpu}"
-RUNS=/tmp/jaxseg_gpu_runs
+RUNS="${RUNS:-/tmp/jaxseg_gpu_runs}"
 START=$(date +%s)
 DEADLINE=$((START + TOTAL_S))
 mkdir -p "$OUT" "$RUNS"
@@ -75,6 +76,7 @@ fi
 run_step() {
   local name="$1" cap="$2"; shift 2
   local now left limit rc t0 t1 wall
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi   # ONLY="a b": just those steps
   now=$(date +%s); left=$((DEADLINE - now - 5)); limit=$cap
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -lt 15 ]; then
