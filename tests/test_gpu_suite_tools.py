@@ -79,6 +79,13 @@ def test_precision_headline_has_one_entry_per_precision(tools):
     assert "default: breps 5.0 ms/inst, IoU |diff| mean 0.003 max 0.01; grid 4000 pos/s, 97.5 % agree" in text
 
 
+def test_click_model_headline_reads_both_models_tetris_rows(tools):
+    lines = ["ritm_h18           tetris     254609.6    13078.4     0.004     0.076   19.47  jax first call 76.6 s",
+             "simpleclick_vit_b  tetris     123289.5    35173.4     0.008     0.028    3.51  jax first call 63.2 s"]
+    assert tools.headline("click_tetris", stamped(lines)) == ("ritm_h18 TETRIS inst/s torch 0.004, jax 0.076; "
+                                                            "simpleclick_vit_b TETRIS inst/s torch 0.008, jax 0.028")
+
+
 def test_cli_and_rclicks_headlines(tools):
     lines = ["loading sam_vit_b ...", "compiling the RClicks program for bucket 512x896, batch 16 (first batch) ...",
              "Finished XLA compilation of jit(_run) in 30.5 sec",
@@ -104,12 +111,14 @@ def test_the_table_has_every_step_in_order_with_its_result(tools, tmp_path):
     write_log(tmp_path, "breps", BREPS)
     write_log(tmp_path, "tetris", TETRIS[:1], rc=124, wall=85.0)
     (tmp_path / "grid.log").write_text("skipped: only 3s left of TOTAL_S=470\n")
+    (tmp_path / "sam.log").write_text("# step sam: timeout 25s (cap 25s), started 10:00:00 UTC\n")
     rows = {step: rest for step, *rest in tools.table_rows(tmp_path)}
     assert list(rows) == list(tools.STEPS)
     assert rows["breps"][:2] == ["ok", "12.5"] and "jax 200.000" in rows["breps"][2]
     assert rows["tetris"][:2] == ["TIMEOUT", "85.0"] and rows["tetris"][2].startswith("torch 0.2 inst/s")
     assert rows["grid"] == ["SKIPPED", "0", ""]
-    assert rows["sam"] == ["NO LOG", "-", ""]
+    assert rows["sam"] == ["INCOMPLETE", "-", ""]  # the suite was stopped inside the step
+    assert rows["cli_breps"] == ["NO LOG", "-", ""]
 
 
 def test_table_prints_one_markdown_table(tools, tmp_path, capsys):

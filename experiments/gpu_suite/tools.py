@@ -51,7 +51,7 @@ KEY_LINES = {
 
 def kind_of(step: str) -> str:
     """The parser a step's log needs: cli_* and rclicks_* are command-line runs, sam2_breps is breps."""
-    if step.startswith(("cli", "rclicks")):
+    if step.startswith(("cli_", "rclicks")):
         return "cli"
     return {"sam2_breps": "breps", "click_tetris": "click"}.get(step, step)
 
@@ -257,14 +257,15 @@ def headline(step: str, raw: list[str]) -> str:
 
 
 def step_result(raw: list[str]) -> tuple[str, str]:
-    """(verdict, wall seconds) from a step log's last line (``# step NAME: exit RC after Ws``)."""
+    """(verdict, wall seconds) from a step log's last line (``# step NAME: exit RC after Ws``); ``NO LOG`` for
+    no log, ``INCOMPLETE`` for a log without its end line (the suite itself was stopped)."""
     for line in raw[::-1]:
         found = STEP_END.match(line)
         if found:
             return VERDICTS.get(found.group(2), f"FAILED rc={found.group(2)}"), found.group(3)
         if line.startswith("skipped:"):
             return "SKIPPED", "0"
-    return "NO LOG", "-"
+    return ("INCOMPLETE", "-") if raw else ("NO LOG", "-")
 
 
 def table_rows(out: pathlib.Path) -> list[tuple[str, str, str, str]]:
