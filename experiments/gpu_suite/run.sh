@@ -175,7 +175,7 @@ JAXSEG_REAL_DATA="$PAYLOAD/real" run_step click_tetris "$CAP_CLICK" "$PY" "$BENC
 for model in sam_vit_b ritm_hrnet18_cocolvis; do
   STEP_RUN_DIR="$RUNS/rclicks_$model" run_step "rclicks_${model%%_*}" "$CAP_RCLICKS" \
       "${CLI[@]}" rclicks --model "$model" --clickability rclicks_clickability --clickability-random-weights 0 \
-      "${CLI_COMMON[@]}" "${RCLICKS_ARGS[@]}" --out "$RUNS/rclicks_$model"
+      "${CLI_COMMON[@]}" --frame "$CLI_FRAME" "${RCLICKS_ARGS[@]}" --out "$RUNS/rclicks_$model"
 done
 
 # 9. the perturbation battery's compiled GPU memory (compile only) ----------------------------------
