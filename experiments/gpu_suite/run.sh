@@ -171,11 +171,15 @@ run_step sam2_breps "$CAP_SAM2" "$PY" "$BENCH/bench_breps.py" --family sam2 --mo
 JAXSEG_REAL_DATA="$PAYLOAD/real" run_step click_tetris "$CAP_CLICK" "$PY" "$BENCH/bench_click_models.py" \
     --models ritm_h18 simpleclick_vit_b --stages tetris --torch-device "$TD" "${CLICK_ARGS[@]}"
 
-# 8. RClicks per checkpoint: SAM ViT-B and RITM-H18 with the clickability network (random weights) -----
-for model in sam_vit_b ritm_hrnet18_cocolvis; do
+# 8. RClicks per checkpoint: SAM ViT-B and RITM-H18 with the clickability network (random weights); RITM on
+#    Berkeley only: the authors' predictor zooms DAVIS to another size, and one run has one size
+CLI_DATA_ONLY=(--random-weights 0 --data-root "$PAYLOAD/real" --progress plain "${CLI_DATA[@]}")
+for entry in "sam_vit_b davis,berkeley" "ritm_hrnet18_cocolvis berkeley"; do
+  model=${entry%% *}; datasets=${entry#* }
   STEP_RUN_DIR="$RUNS/rclicks_$model" run_step "rclicks_${model%%_*}" "$CAP_RCLICKS" \
       "${CLI[@]}" rclicks --model "$model" --clickability rclicks_clickability --clickability-random-weights 0 \
-      "${CLI_COMMON[@]}" --frame "$CLI_FRAME" "${RCLICKS_ARGS[@]}" --out "$RUNS/rclicks_$model"
+      --datasets "$datasets" "${CLI_DATA_ONLY[@]}" --frame "$CLI_FRAME" "${RCLICKS_ARGS[@]}" \
+      --out "$RUNS/rclicks_$model"
 done
 
 # 9. the perturbation battery's compiled GPU memory (compile only) ----------------------------------
