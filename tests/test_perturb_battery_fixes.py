@@ -165,3 +165,16 @@ def test_battery_compiles_each_family_program_once_per_bucket():
     assert summary["traces"] == summary["compiles"] == 3 * 2  # once per program and bucket shape
     assert programs["padam_ce"].traces == programs["dag_0.001"].traces == 2
     assert summary["compile_seconds"] > 0 and summary["run_seconds"] > 0
+
+
+def test_a_battery_program_compiles_once_per_matmul_precision():
+    """Executables are compiled ahead of time, so the precision is part of their key (runner.precision)."""
+    from jaxseg_robust.attacks.perturb.programs import CompiledProgram
+    from jaxseg_robust.runner.precision import matmul_precision
+
+    program = CompiledProgram("product", lambda a, b: a @ b)
+    a = jnp.ones((4, 4), jnp.float32)
+    for precision in ("highest", "default", "highest", "default"):
+        with matmul_precision(precision):
+            np.testing.assert_array_equal(np.asarray(program(a, a)), np.full((4, 4), 4.0, np.float32))
+    assert program.compiles == program.traces == 2

@@ -166,6 +166,21 @@ def test_a_bucket_whose_host_inputs_change_shape_is_a_retrace_error():
         program(even.replace(seed=even.seed + 1))
 
 
+def test_each_matmul_precision_gets_its_own_compiled_program():
+    """The programs are compiled ahead of time, so the precision must be part of their key (else a second run
+    at another precision in one process would reuse the first one's executable)."""
+    from jaxseg_robust.runner.precision import matmul_precision  # noqa: PLC0415
+
+    device_program.cache_clear()
+    lines = []
+    program = BatchProgram(ToySegmenter(), jnp.float32(1.0), ToyProtocol(slots=3), announce=lines.append)
+    batch = pad_batch(INSTANCES[:2], (8, 8), 2)
+    for precision in ("highest", "default", "highest"):
+        with matmul_precision(precision):
+            program(batch)
+    assert program.traces == 2 and len(lines) == 2  # highest, default; the second highest reuses the first
+
+
 def test_malformed_batches_and_non_segmenters_are_refused():
     with pytest.raises(ValueError, match="lacks feedback_shape, feedback"):
         BatchProgram(types.SimpleNamespace(preprocess=0, embed=0, decode=0, probability_threshold=0.5), 1.0,

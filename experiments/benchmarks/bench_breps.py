@@ -62,6 +62,10 @@ batch + attack in one compiled call, what ``runner.engine.run`` calls).
 Encoder time is reported separately from the attack loop; the headline ratio
 is the attack loop per instance (reference / ours; target >= 1.5 on CPU).
 Compile times are reported separately (paid once per bucket shape in a run).
+``--precision`` sets JAX's float32 matmul precision of our side and
+``--torch-tf32`` lets the reference use TF32 on a GPU (default strict float32;
+`bench_device`), so the cross-check line measures a precision's distance to
+torch float32.
 ``--torch-instances K`` runs the reference on the first K instances only (its
 per-instance time is a mean; a GPU batch of ours can be far larger than the
 reference needs). Other processes share this machine: numbers are noisy.
@@ -86,6 +90,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import bench_sam  # noqa: E402
+from bench_device import add_device_flags, configure_torch, device_lines, jax_precision  # noqa: E402
 import bench_sam2  # noqa: E402
 
 GAMMA_K = 1.7891955953866256
@@ -129,6 +134,7 @@ class Family:
       encode: ``model_input f32[S, S, 3] (ours) -> torch features`` (the official encoder, no grad).
       decoder: ``(features, our Transform) -> decode``; ``decode(box f32[1, 4] model frame, requires_grad)
         -> (P f32[H, W] sigmoid of the selected candidate, differentiable in box)``.
+      torch_model: the official torch model (the SAM family; `bench_precision`'s click grid reads it).
     """
 
     label: str
@@ -137,6 +143,7 @@ class Family:
     device: Any
     encode: Callable
     decoder: Callable
+    torch_model: Any = None
 
 
 def _freeze(model) -> None:
@@ -190,7 +197,7 @@ def sam_family(args) -> Family:
 
         return decode
 
-    return Family(f"{args.model} (segment-anything)", seg, params, device, encode, decoder)
+    return Family(f"{args.model} (segment-anything)", seg, params, device, encode, decoder, official)
 
 
 def sam2_family(args) -> Family:
@@ -440,7 +447,8 @@ def run(args) -> list[str]:
     instances = make_instances(args.instances, height, width, args.seed)
     inputs = [family.seg.preprocess(image) for image, _ in instances]
     ref = run_torch(family, instances, inputs, args)
-    ours = run_jax(family, instances, inputs, args)
+    with jax_precision(args):
+        ours = run_jax(family, instances, inputs, args)
     return report(family, ref, ours, args)
 
 
@@ -463,7 +471,7 @@ def parse_args(argv=None):
                         help="also time the CLI's batch program (embed + attack in one compiled call)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--torch-device", choices=("cpu", "cuda"), default="cpu")
+    add_device_flags(parser)
     parser.add_argument("--repo", default=os.environ.get("JAXSEG_SAM2_REPO", ""),
                         help="checkout of facebookresearch/sam2 for --family sam2 (default $JAXSEG_SAM2_REPO)")
     args = parser.parse_args(argv)
@@ -486,6 +494,7 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    configure_torch(args)
     malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     print(f"# bench_breps  {time.strftime('%Y-%m-%d %H:%M:%S')}  host {platform.node()}  "
           f"{platform.processor() or platform.machine()}  cpus {os.cpu_count()}")
@@ -494,6 +503,8 @@ def main(argv=None) -> int:
           f"python {sys.version.split()[0]}")
     print(f"# MALLOC env: {malloc or 'none (glibc defaults)'}"
           + ("" if malloc == bench_sam.TUNED_MALLOC else "  [not the tuned setting of BENCHMARKING.md]"))
+    for line in device_lines(args):
+        print(line)
     print(f"# load average {os.getloadavg()[0]:.2f}", flush=True)
     for line in run(args):
         print(line, flush=True)

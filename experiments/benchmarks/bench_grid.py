@@ -37,6 +37,11 @@ reported separately); process CPU-time ratios are printed too (steadier on a
 shared machine). Outputs are cross-checked (share of positions whose IoU agrees
 within 1e-5: a differing pixel at the threshold or a near-tied candidate choice
 can flip a few).
+
+Devices (`bench_device`): ``--torch-device cuda`` runs the torch side on a GPU
+(strict float32 unless ``--torch-tf32``; ``torch.cuda.synchronize()`` before
+every clock read of it), ``--precision`` sets JAX's float32 matmul precision of
+our side (the agreement line then measures its distance to the reference).
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_device import add_device_flags, configure_torch, device_lines, jax_precision, torch_sync  # noqa: E402
 
 TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736",
                 "MALLOC_TOP_PAD_": "1073741824"}
@@ -104,7 +113,8 @@ def torch_grid_scores(sam, embedding, clicks, gt, d, input_size, batch):
 
     height, width = gt.shape
     sy, sx = input_size[0] / height, input_size[1] / width
-    target = torch.from_numpy(gt)[None]
+    device = embedding.device
+    target = torch.from_numpy(gt)[None].to(device)
     k = 2 * d + 1
 
     def erode(x):  # 3x3-iterated == (2d+1) square erosion with zeros outside, separable
@@ -117,15 +127,15 @@ def torch_grid_scores(sam, embedding, clicks, gt, d, input_size, batch):
     dense_pe = sam.prompt_encoder.get_dense_pe()
     ious, bious = [], []
     for start in range(0, len(clicks), batch):
-        rc = torch.from_numpy(clicks[start:start + batch].astype(np.float32))
+        rc = torch.from_numpy(clicks[start:start + batch].astype(np.float32)).to(device)
         coords = torch.stack([rc[:, 1] * sx, rc[:, 0] * sy], dim=-1)[:, None, :]
-        labels = torch.ones((len(rc), 1), dtype=torch.int)
+        labels = torch.ones((len(rc), 1), dtype=torch.int, device=device)
         sparse, dense = sam.prompt_encoder(points=(coords, labels), boxes=None, masks=None)
         low_res, iou_pred = sam.mask_decoder(image_embeddings=embedding, image_pe=dense_pe,
                                              sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
                                              multimask_output=True)
         best = iou_pred.argmax(dim=1)
-        selected = low_res[torch.arange(len(rc)), best][:, None]
+        selected = low_res[torch.arange(len(rc), device=device), best][:, None]
         masks = sam.postprocess_masks(selected, input_size, (height, width)) > 0  # [n, 1, H, W]
         pred = masks[:, 0]
         inter = (pred & target).sum(dim=(1, 2)).float()
@@ -136,7 +146,7 @@ def torch_grid_scores(sam, embedding, clicks, gt, d, input_size, batch):
         b_inter = (band & target_band).sum(dim=(1, 2)).float()
         b_union = (band | target_band).sum(dim=(1, 2)).float()
         bious.append(torch.where(b_union > 0, b_inter / b_union.clamp(min=1), torch.nan))
-    return torch.cat(ious).numpy(), torch.cat(bious).numpy()
+    return torch.cat(ious).cpu().numpy(), torch.cat(bious).cpu().numpy()
 
 
 def main(argv=None) -> int:
@@ -148,6 +158,7 @@ def main(argv=None) -> int:
                         help="positions per vmapped decode chunk (jax); several values are timed in turn")
     parser.add_argument("--repeats", type=int, default=2, help="timed repetitions (medians)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    add_device_flags(parser)
     args = parser.parse_args(argv)
 
     import jax  # noqa: PLC0415
@@ -164,6 +175,7 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = configure_torch(args)
     malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     print(f"# bench_grid  {time.strftime('%Y-%m-%d %H:%M:%S')}  host {platform.node()}  "
           f"{platform.processor() or platform.machine()}  cpus {os.cpu_count()}")
@@ -171,6 +183,8 @@ def main(argv=None) -> int:
           f"(threads {torch.get_num_threads()}), python {sys.version.split()[0]}")
     print(f"# MALLOC env: {malloc or 'none (glibc defaults)'}"
           + ("" if malloc == TUNED_MALLOC else "  [not the tuned setting of BENCHMARKING.md]"))
+    for line in device_lines(args):
+        print(line)
     height, width = args.image_hw
     print(f"# SAM ViT-B random init, image {height}x{width}, {args.positions} positions, torch batch "
           f"{args.torch_batch}, jax chunks {args.chunk}, repeats {args.repeats}, "
@@ -182,15 +196,17 @@ def main(argv=None) -> int:
     state = {k: v.detach().numpy() for k, v in sam.state_dict().items()}
     params = jax.tree.map(jnp.asarray, convert_sam(state, seg.config, what="benchmark weights"))
     del state
+    sam.to(device)
 
     image, gt = scene(height, width)
     predictor = SamPredictor(sam)
     start = time.perf_counter()
     predictor.set_image(image)  # the embedding, once, shared by both sides
+    torch_sync(device)
     print(f"# embedding (torch encoder, once): {time.perf_counter() - start:.1f} s", flush=True)
     embedding = predictor.features
     input_size = predictor.input_size
-    features = SamFeatures(image_embeddings=jnp.asarray(embedding[0].permute(1, 2, 0).numpy()))
+    features = SamFeatures(image_embeddings=jnp.asarray(embedding[0].permute(1, 2, 0).cpu().numpy()))
     transform = make_transform((height, width), longest_side_shape(height, width, seg.config.image_size))
     d = boundary_width(height, width)
 
@@ -205,6 +221,7 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         def run_torch():
             holder["torch"] = torch_grid_scores(sam, embedding, clicks, gt, d, input_size, args.torch_batch)
+            torch_sync(device)
 
         _, t_torch, c_torch = timed(run_torch, args.repeats)
 
@@ -212,8 +229,8 @@ def main(argv=None) -> int:
     n = args.positions
     rate_torch = n / t_torch
     print(f"{'side':<7} {'s/run':>8} {'pos/s':>8} {'cpu s':>8} {'ratio':>6}  note")
-    print(f"{'torch':<7} {t_torch:>8.2f} {rate_torch:>8.1f} {c_torch:>8.2f} {1.0:>6.2f}  batch {args.torch_batch}",
-          flush=True)
+    print(f"{'torch':<7} {t_torch:>8.2f} {rate_torch:>8.1f} {c_torch:>8.2f} {1.0:>6.2f}  batch {args.torch_batch} "
+          f"({args.torch_device})", flush=True)
     best = 0.0
     for chunk in args.chunk:
         grid = jax.jit(functools.partial(click_grid, seg, params, chunk_size=chunk))
@@ -221,7 +238,8 @@ def main(argv=None) -> int:
         def run_jax(grid=grid):
             holder["jax"] = jax.block_until_ready(grid(features, transform, gt_int, np.int32(d), region=region))
 
-        compile_s, t_jax, c_jax = timed(run_jax, args.repeats)
+        with jax_precision(args):
+            compile_s, t_jax, c_jax = timed(run_jax, args.repeats)
         result = holder["jax"]
         ours_iou = np.asarray(result.iou)[clicks[:, 0], clicks[:, 1]]
         ours_biou = np.asarray(result.biou)[clicks[:, 0], clicks[:, 1]]
@@ -229,7 +247,8 @@ def main(argv=None) -> int:
         agree_b = np.mean(np.abs(ours_biou - ref_biou) <= 1e-5)
         rate_jax = n / t_jax
         best = max(best, rate_jax)
-        print(f"{'jax':<7} {t_jax:>8.2f} {rate_jax:>8.1f} {c_jax:>8.2f} {rate_jax / rate_torch:>6.2f}  chunk {chunk}; "
+        print(f"{'jax':<7} {t_jax:>8.2f} {rate_jax:>8.1f} {c_jax:>8.2f} {rate_jax / rate_torch:>6.2f}  chunk {chunk}, "
+              f"precision {args.precision}; "
               f"cpu-time ratio {c_torch / c_jax:.2f}; first call {compile_s:.1f} s (compile + run); IoU agrees "
               f"(|diff| <= 1e-5) at {100 * agree:.1f} % of positions, BIoU at {100 * agree_b:.1f} %, max |IoU diff| "
               f"{np.nanmax(np.abs(ours_iou - ref_iou)):.3g}", flush=True)

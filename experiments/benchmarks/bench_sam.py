@@ -33,6 +33,11 @@ machine, also compare single-threaded: ``--threads 1`` with
 ``XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"``.
 Outputs are cross-checked (max |embedding diff|, max |IoU prediction diff|).
 MobileSAM (TinyViT encoder) is the entry ``mobile_sam``; its reference is MobileSAM's own code.
+
+Devices (`bench_device`): ``--torch-device cuda`` runs the reference on a GPU
+(strict float32 unless ``--torch-tf32``; ``torch.cuda.synchronize()`` before
+every clock read of it), ``--precision`` sets JAX's float32 matmul precision of
+our side (the max |diff| columns then measure its distance to the reference).
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ import time
 from typing import Callable
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_device import add_device_flags, configure_torch, device_lines, jax_precision, torch_sync  # noqa: E402
 
 TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736",
                 "MALLOC_TOP_PAD_": "1073741824"}
@@ -161,11 +170,13 @@ def bench_model(name: str, args) -> list[dict]:
     state = {k: v.detach().numpy() for k, v in official.state_dict().items()}
     params = jax.tree.map(jnp.asarray, spec.convert(state, seg.config))
     del state
+    device = configure_torch(args)
+    official.to(device)
     rows = []
     rng = np.random.default_rng(0)
     size = seg.config.image_size
     x = rng.normal(size=(size, size, 3)).astype(np.float32)
-    x_torch = torch.from_numpy(x).permute(2, 0, 1)[None].contiguous()
+    x_torch = torch.from_numpy(x).permute(2, 0, 1)[None].contiguous().to(device)
 
     with torch.inference_mode():
         if not args.skip_encoder:
@@ -173,6 +184,7 @@ def bench_model(name: str, args) -> list[dict]:
 
             def run_torch():
                 ref_holder["emb"] = official.image_encoder(x_torch)
+                torch_sync(device)
 
             _, t_torch, c_torch = timed(run_torch, args.repeats)
             embed = jax.jit(seg.embed)
@@ -182,7 +194,7 @@ def bench_model(name: str, args) -> list[dict]:
                 out_holder["f"] = jax.block_until_ready(embed(params, jnp.asarray(x)))
 
             compile_s, t_jax, c_jax = timed(run_jax, args.repeats)
-            emb_t = ref_holder["emb"][0].permute(1, 2, 0).numpy()
+            emb_t = ref_holder["emb"][0].permute(1, 2, 0).cpu().numpy()
             err = float(np.abs(np.asarray(out_holder["f"].image_embeddings) - emb_t).max())
             rows.append(dict(model=name, stage=f"encoder {size}x{size}", torch_ms=1e3 * t_torch,
                              jax_ms=1e3 * t_jax, ratio=t_jax / t_torch, target="<= 1.3",
@@ -195,7 +207,7 @@ def bench_model(name: str, args) -> list[dict]:
 
         h, w = args.image_hw
         predictor = TorchPredictor(official)
-        predictor.features = torch.from_numpy(emb).permute(2, 0, 1)[None].contiguous()
+        predictor.features = torch.from_numpy(emb).permute(2, 0, 1)[None].contiguous().to(device)
         predictor.original_size = (h, w)
         hr, wr = longest_side_shape(h, w, size)
         predictor.input_size = (hr, wr)
@@ -207,12 +219,13 @@ def bench_model(name: str, args) -> list[dict]:
         for n in args.prompts:
             pts = rng.uniform(0, 1, (n, 1, 2)) * np.array([w, h])
             pts = pts.astype(np.float32)
-            coords = torch.from_numpy(pts * np.array([wr / w, hr / h], np.float32))
-            labels = torch.ones((n, 1), dtype=torch.int)
+            coords = torch.from_numpy(pts * np.array([wr / w, hr / h], np.float32)).to(device)
+            labels = torch.ones((n, 1), dtype=torch.int, device=device)
             holder = {}
 
             def run_torch(coords=coords, labels=labels):
                 holder["t"] = predictor.predict_torch(coords, labels, multimask_output=True)
+                torch_sync(device)
 
             _, t_torch, c_torch = timed(run_torch, args.repeats)
             prompts = jax.tree.map(lambda *v: jnp.stack(v),
@@ -228,7 +241,7 @@ def bench_model(name: str, args) -> list[dict]:
                 holder["j"] = jax.block_until_ready(decode_many(prompts))
 
             compile_s, t_jax, c_jax = timed(run_jax, args.repeats)
-            iou_err = float(np.abs(np.asarray(holder["j"].scores) - holder["t"][1].numpy()).max())
+            iou_err = float(np.abs(np.asarray(holder["j"].scores) - holder["t"][1].cpu().numpy()).max())
             rows.append(dict(model=name, stage=f"decode N={n}", torch_ms=1e3 * t_torch,
                              jax_ms=1e3 * t_jax, ratio=t_torch / t_jax, target=">= 1",
                              note=f"prompts/s torch {n / t_torch:.1f} jax {n / t_jax:.1f}; "
@@ -251,6 +264,7 @@ def main(argv=None) -> int:
                              "holds N x 3 float masks of this size at once")
     parser.add_argument("--skip-encoder", action="store_true")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    add_device_flags(parser)
     args = parser.parse_args(argv)
 
     import jax  # noqa: PLC0415
@@ -267,12 +281,17 @@ def main(argv=None) -> int:
           + ("" if malloc == TUNED_MALLOC else "  [not the tuned setting of BENCHMARKING.md]"))
     print(f"# repeats {args.repeats} (median), image {args.image_hw[0]}x{args.image_hw[1]}, "
           f"load average {os.getloadavg()[0]:.2f}")
+    configure_torch(args)
+    for line in device_lines(args):
+        print(line)
     print("# ratio: encoder = jax time / torch time; decode = jax throughput / torch throughput")
     header = f"{'model':<10} {'stage':<20} {'torch ms':>10} {'jax ms':>10} {'ratio':>7} " \
              f"{'target':>7}  note"
     print(header)
     for name in args.models:
-        for row in bench_model(name, args):
+        with jax_precision(args):
+            rows = bench_model(name, args)
+        for row in rows:
             print(f"{row['model']:<10} {row['stage']:<20} {row['torch_ms']:>10.1f} "
                   f"{row['jax_ms']:>10.1f} {row['ratio']:>7.2f} {row['target']:>7}  {row['note']}",
                   flush=True)

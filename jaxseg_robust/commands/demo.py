@@ -46,7 +46,7 @@ import pathlib
 import sys
 
 from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK
-from jaxseg_robust.commands.flags import DEVICE_EPILOG, CommandError
+from jaxseg_robust.commands.flags import DEVICE_EPILOG, CommandError, add_precision_flag
 from jaxseg_robust.commands.report import add_plot_instances
 from jaxseg_robust.commands.running import report_error
 
@@ -133,6 +133,7 @@ def register(subparsers) -> None:
                              "model (when its weights are not installed; the numbers are meaningless; default: "
                              "the demonstration model)")
     add_plot_instances(parser)
+    add_precision_flag(parser)
     parser.add_argument("--progress", choices=("auto", "tqdm", "plain", "none"), default="auto",
                         help="progress display of the sub-runs (default %(default)s)")
     parser.set_defaults(func=run)
@@ -168,10 +169,10 @@ def write_data(out: pathlib.Path, size: DemoSize) -> pathlib.Path:
 
 
 def sub_run_argv(protocol: str, model: str, data: pathlib.Path, out: pathlib.Path, size: DemoSize,
-                 progress: str) -> list[str]:
-    """The ``jaxseg-robust`` argv of one sub-run."""
+                 progress: str, precision: str = "default") -> list[str]:
+    """The ``jaxseg-robust`` argv of one sub-run (``precision``: the demo's ``--precision``)."""
     common = ["--model", model, "--folder", str(data / "images"), str(data / "masks"), "--out", str(out),
-              "--progress", progress]
+              "--progress", progress, "--precision", precision]
     if protocol == "tetris":
         return ["tetris", *common, "--n-clicks", str(size.n_clicks), "--n_opt_steps", str(size.n_opt_steps),
                 "--baseline-clicks", str(size.baseline_clicks), "--lr_mult", str(DEMO_TETRIS_LR_MULT)]
@@ -224,7 +225,8 @@ def run(args) -> int:
     codes = {}
     for protocol in PROTOCOLS:
         _banner(f"{protocol} ({model}{', UNTRAINED' if args.untrained_model else ''})")
-        sub_args = parser.parse_args(sub_run_argv(protocol, model, data, out / protocol, size, args.progress))
+        sub_args = parser.parse_args(sub_run_argv(protocol, model, data, out / protocol, size, args.progress,
+                                                  args.precision))
         codes[protocol] = int(sub_args.func(sub_args))
     _banner("report")
     try:

@@ -3,7 +3,8 @@
 Flags accept both spellings where RITM/BREPS users type underscores
 (``--batch-size`` / ``--batch_size``, `add_flag`). Groups:
 
-  model     --model NAME_OR_DIR, --random-weights [SEED] (alias --random-init), --compute-dtype
+  model     --model NAME_OR_DIR, --random-weights [SEED] (alias --random-init), --compute-dtype,
+            --precision (`add_precision_flag`)
   data      --datasets A,B,... (names or folders), --data-root DIR, --folder IMAGES MASKS (repeatable),
             --mask-rule, --mask-ignore, --on-bad-pair, --tetris-max-side, --limit N, --max-side PX
   run       --out RUN_DIR, --batch-size, --frame, --progress, --retry-failed,
@@ -136,6 +137,19 @@ def add_model_arguments(parser, *, required: bool = True, what: str = "") -> Non
                             "spelling (default: the converted weights)")
     add_flag(group, "--compute-dtype", choices=("float32", "bfloat16"), default=None,
              help="image-encoder compute dtype (default: the model's, float32)")
+    add_precision_flag(group)
+
+
+def add_precision_flag(group) -> None:
+    """--precision highest|high|default: the float32 matrix-product precision of the run's jitted programs
+    (`jaxseg_robust.runner.precision`; recorded in the run manifest, a resume at another precision is refused)."""
+    from jaxseg_robust.runner.precision import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS  # noqa: PLC0415
+
+    group.add_argument("--precision", choices=MATMUL_PRECISIONS[::-1], default=DEFAULT_MATMUL_PRECISION,
+                       help="float32 matrix-product precision of the jitted programs (jax.default_matmul_precision): "
+                            "on an NVIDIA GPU 'default' runs TF32-like products (about 3e-4 relative to 'highest', "
+                            "several times faster), 'highest' full float32; XLA:CPU computes full float32 at every "
+                            "setting; recorded in the run manifest (default %(default)s; see docs/benchmarking.md)")
 
 
 def add_dataset_arguments(parser) -> None:

@@ -90,6 +90,8 @@ def run_protocol(args, *, instances: Sequence, batch_fn: Callable, config: Mappi
       args: the parsed run flags (``--out``, ``--batch-size``, ``--frame`` when the command has it, else
         every image in its own frame, ``--progress``, ...).
       model: anything with the ``fingerprint`` of the weights (a `LoadedModel`).
+      config: the manifest's config; ``--precision`` is added as ``matmul_precision`` and every jitted
+        program of the run is traced under it (`jaxseg_robust.runner.precision.matmul_precision`).
       check: host check of each loaded instance: "object" (`data.instances.require_object`: a prompt
         needs an object), a callable, or None.
 
@@ -102,6 +104,8 @@ def run_protocol(args, *, instances: Sequence, batch_fn: Callable, config: Mappi
     from jaxseg_robust.data.buckets import ExactFrame  # noqa: PLC0415
     from jaxseg_robust.data.instances import require_object  # noqa: PLC0415
     from jaxseg_robust.runner.engine import RunAbortedError, run  # noqa: PLC0415
+    from jaxseg_robust.runner.precision import CONFIG_KEY as PRECISION_KEY  # noqa: PLC0415
+    from jaxseg_robust.runner.precision import matmul_precision  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import ManifestMismatchError, RunDirectoryBusyError  # noqa: PLC0415
 
     policy = parse_frame_policy(args.frame) if getattr(args, "frame", None) else ExactFrame()
@@ -113,13 +117,15 @@ def run_protocol(args, *, instances: Sequence, batch_fn: Callable, config: Mappi
         policy = ExactFrame()
     check = require_object if check == "object" else check
     process_index, process_count = getattr(args, "process_index", None), getattr(args, "process_count", None)
+    precision = args.precision
     try:
-        return run(instances, batch_fn, args.out, args.batch_size, config=config,
-                   model_fingerprint=model.fingerprint, frame_policy=policy, finalize=finalize,
-                   process_index=process_index, process_count=process_count, check=check, mesh=mesh,
-                   allow_manifest_mismatch=args.allow_manifest_mismatch,
-                   retry_failed=args.retry_failed, abort_after_consecutive_failures=args.abort_after,
-                   progress=args.progress)
+        with matmul_precision(precision):
+            return run(instances, batch_fn, args.out, args.batch_size, config={**config, PRECISION_KEY: precision},
+                       model_fingerprint=model.fingerprint, frame_policy=policy, finalize=finalize,
+                       process_index=process_index, process_count=process_count, check=check, mesh=mesh,
+                       allow_manifest_mismatch=args.allow_manifest_mismatch,
+                       retry_failed=args.retry_failed, abort_after_consecutive_failures=args.abort_after,
+                       progress=args.progress)
     except ManifestMismatchError as error:
         raise CommandError(f"{error}".replace("allow_mismatch=True (CLI: --allow-manifest-mismatch)",
                                               "--allow-manifest-mismatch")) from None

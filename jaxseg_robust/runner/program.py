@@ -304,18 +304,25 @@ class DeviceProgram:
         ``announce`` is told "compiling the <description> for bucket HxW, batch B (first batch) ..."
         before a compile (``description`` default: "<protocol name> program").
 
+        A program is compiled once per argument signature and matmul precision (`jaxseg_robust.runner.precision`:
+        a run at another precision in the same process gets its own program).
+
         Raises:
           RetraceError: this bucket and placement was compiled before with other argument shapes.
         """
-        key = _signature(args)
+        # the matmul precision programs are traced under (`runner.precision`) is part of jit's cache key
+        precision = jax.config.jax_default_matmul_precision
+        signature = _signature(args)
+        key = (precision, signature)
         program = self._compiled.get(key)
         self.last_compile = None
         if program is not None:
             return program
-        bucket = _bucket(args)
+        bucket = (*_bucket(args), precision)
         if bucket in self._buckets:
             old = self._buckets[bucket]
-            changed = [i for i, (a, b) in enumerate(zip(old, key)) if a != b] if len(old) == len(key) else "count"
+            changed = ([i for i, (a, b) in enumerate(zip(old, signature)) if a != b] if len(old) == len(signature)
+                       else "count")
             raise RetraceError(f"the {self.protocol.name} program of bucket {bucket[0]} was compiled twice: "
                                f"the per-batch arguments changed (leaves {changed}); host inputs must have one "
                                "shape per bucket")
@@ -331,7 +338,7 @@ class DeviceProgram:
         if self.traces != before + 1:
             raise RetraceError(f"the {self.protocol.name} program was traced {self.traces - before} times "
                                "for one signature")
-        self._buckets[bucket] = key
+        self._buckets[bucket] = signature
         return program
 
 

@@ -31,6 +31,12 @@ whose records are in another layout (or predate the key) is refused with one
 line by `check_records_format`, even with ``allow_mismatch``: resuming would
 mix two layouts in one records file.
 
+``config.matmul_precision`` (optional, `runner.precision`) is the float32
+matrix-product precision the records were computed at; a resume at another one
+is refused with one line by `check_matmul_precision` (unless ``allow_mismatch``),
+and a manifest without the key counts as ``default`` (what every run before the
+key ran at).
+
 ``instances`` (optional) holds one short fingerprint per instance
 (``{"dataset": {"id": "<16 hex>"}}``), so a changed dataset is explained
 instance by instance (added, removed, changed, and which of those already
@@ -60,6 +66,8 @@ import uuid
 import warnings
 from collections.abc import Mapping
 
+from jaxseg_robust.runner.precision import CONFIG_KEY as PRECISION_KEY
+from jaxseg_robust.runner.precision import recorded_precision
 from jaxseg_robust.runner.records import latest_records, read_run_records, to_jsonable
 
 try:
@@ -409,6 +417,33 @@ def other_records_format(manifest: Mapping, wanted: str | None) -> str | None:
     return "an older layout" if found is None else f"layout {found!r}"
 
 
+def check_matmul_precision(recorded: Mapping, current: Mapping, path: pathlib.Path) -> None:
+    """Raises `ManifestMismatchError` (one line) when ``current`` records a ``config.matmul_precision``
+    (`runner.precision`) other than ``recorded``'s (a manifest without the key ran at ``default``).
+
+    Args:
+      recorded, current: the manifest found and the one this run would write.
+      path: the run directory (named in the message).
+    """
+    current_config = current.get("config") or {}
+    if PRECISION_KEY not in current_config:
+        return
+    was, wanted = recorded_precision(recorded.get("config")), current_config[PRECISION_KEY]
+    if was != wanted:
+        raise ManifestMismatchError(
+            f"{path}: its records were computed at matmul precision {was!r}, this run asks for {wanted!r}; "
+            f"rerun with --precision {was} or use a new run directory (--out)")
+
+
+def _with_recorded_precision(recorded: Mapping, current: Mapping) -> Mapping:
+    """``recorded`` with ``config.matmul_precision`` filled in as `recorded_precision` says, when ``current``
+    records one and ``recorded`` predates the key (so an older run directory resumes at ``default``)."""
+    config = recorded.get("config") or {}
+    if PRECISION_KEY not in (current.get("config") or {}) or PRECISION_KEY in config:
+        return recorded
+    return dict(recorded, config=dict(config, **{PRECISION_KEY: recorded_precision(config)}))
+
+
 def _only_dataset_differs(recorded: Mapping, current: Mapping) -> bool:
     without = [dict(m, fingerprints={k: v for k, v in (m.get("fingerprints") or {}).items() if k != "dataset"})
                for m in (recorded, current)]
@@ -419,6 +454,9 @@ def _check_or_raise(recorded: Mapping, current: Mapping, path: pathlib.Path, all
                     instance_fingerprints: Mapping | None = None) -> tuple[list[str], bool]:
     """Returns (the overridden differences, whether the manifest's dataset should be updated)."""
     check_records_format(recorded, current, path)
+    if not allow_mismatch:
+        check_matmul_precision(recorded, current, path)
+    recorded = _with_recorded_precision(recorded, current)
     differences = manifest_differences(recorded, current)
     if not differences:
         return [], False

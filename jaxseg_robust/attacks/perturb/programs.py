@@ -74,8 +74,9 @@ class CompiledProgram:
         return self.fn(*args)
 
     def executable(self, *args):
-        """The compiled executable for these arguments' signature (compiling and timing it the first time)."""
-        key = signature(args)
+        """The compiled executable for these arguments' signature and the matmul precision traced under
+        (`jaxseg_robust.runner.precision`), compiling and timing it the first time."""
+        key = (jax.config.jax_default_matmul_precision, signature(args))
         if key not in self._executables:
             start = time.perf_counter()
             self._executables[key] = self._jitted.lower(*args).compile()
