@@ -255,3 +255,11 @@ def test_error_region_round_one_and_ties():
     np.testing.assert_array_equal(result.is_positive, [False, True])
     with pytest.raises(ValueError, match="pred"):
         R.choose_error_region(gt, gt[:, :4])
+
+
+def test_both_error_maps_share_one_row_pass_loop_on_an_accelerator():
+    # The FN and FP distance maps are one stack of the EDT: its CUDA lowering keeps one column-offset loop.
+    from lowered_loops import while_loops  # noqa: PLC0415
+
+    mask = jax.ShapeDtypeStruct((2,) + REGION_SHAPE, jnp.bool_)
+    assert while_loops(jax.vmap(R.choose_error_region), mask, mask, platform="cuda") == 1

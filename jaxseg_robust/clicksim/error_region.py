@@ -63,8 +63,9 @@ def choose_error_region(gt: jax.Array, pred: jax.Array, valid: jax.Array | None 
     not_clicked = jnp.ones_like(gt) if not_clicked is None else _mask(not_clicked, "not_clicked", gt.shape)
     false_negative = gt & ~pred & valid
     false_positive = ~gt & pred & valid
-    fn_distance = jnp.where(not_clicked, distance_transform_edt(false_negative, pad_border=True), 0.0)
-    fp_distance = jnp.where(not_clicked, distance_transform_edt(false_positive, pad_border=True), 0.0)
+    # Both maps in one (vmapped) transform: one stack, so one row-pass loop on an accelerator.
+    both = jax.vmap(lambda m: distance_transform_edt(m, pad_border=True))(jnp.stack([false_negative, false_positive]))
+    fn_distance, fp_distance = jnp.where(not_clicked, both, 0.0)
     is_positive = jnp.max(fn_distance) > jnp.max(fp_distance)
     return ErrorRegion(is_positive,
                        jnp.where(is_positive, false_negative, false_positive),
