@@ -78,7 +78,7 @@ def test_load_rejects_params_that_do_not_match_the_config(tmp_path):
 def test_dense_families_are_those_of_the_dense_modules_and_are_refused_by_name(tmp_path):
     from jaxseg_robust.models.dense import deeplabv3, semseg, u2net, upernet
 
-    assert set(zoo.DENSE_FAMILIES) == {m.FAMILY for m in (u2net, deeplabv3, semseg, upernet)}
+    assert set(zoo.dense_families()) == {m.FAMILY for m in (u2net, deeplabv3, semseg, upernet)}
     out = tmp_path / "u2netp"
     store.save(out, {"w": np.zeros(2)}, family="u2netp", variant="u2netp", config={})
     with pytest.raises(store.StoreError) as caught:

@@ -40,7 +40,7 @@ from jaxseg_robust.attacks.perturb.ensemble import (
     select_worst,
     update_worst,
 )
-from jaxseg_robust.attacks.perturb.programs import CompiledProgram, compile_summary
+from jaxseg_robust.attacks.perturb.programs import compile_summary, compiled_program
 from jaxseg_robust.attacks.perturb.padam import padam
 from jaxseg_robust.attacks.perturb.pdpgd import pdpgd
 from jaxseg_robust.attacks.perturb.sea import sea
@@ -53,7 +53,6 @@ __all__ = [
     "BatteryConfig",
     "BatteryResult",
     "Candidate",
-    "CompiledProgram",
     "Stage",
     "alma_prox",
     "apgd",
@@ -62,6 +61,7 @@ __all__ = [
     "build_battery",
     "checkpoint_schedule",
     "compile_summary",
+    "compiled_program",
     "dag",
     "image_confusions",
     "instance_keys",
