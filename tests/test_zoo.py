@@ -87,6 +87,26 @@ def test_dense_families_are_those_of_the_dense_modules_and_are_refused_by_name(t
                                         "that takes no prompts")
 
 
+def test_load_dense_is_the_one_loader_of_the_dense_families(tmp_path):
+    """A converted dense directory comes back as its registered family's model with its variables; variables
+    that do not fit the stored config are refused naming the directory."""
+    from dense_configs import TINY_DEEPLAB
+    from jaxseg_robust.models.dense.deeplabv3 import DeepLabV3Dense
+
+    model = DeepLabV3Dense(TINY_DEEPLAB)
+    variables = jax.tree.map(np.asarray, model.init(jax.random.key(0)))
+    out = tmp_path / "deeplab"
+    store.save(out, variables, family="deeplabv3", variant="tiny", config=TINY_DEEPLAB.to_dict())
+    loaded, loaded_variables = zoo.load_dense(out)
+    assert loaded == model and zoo.holds_dense(out) and not zoo.holds_dense(tmp_path / "absent")
+    jax.tree.map(np.testing.assert_array_equal, loaded_variables, variables)
+    wider = tmp_path / "wider"
+    store.save(wider, variables, family="deeplabv3", variant="tiny",
+               config=dataclasses.replace(TINY_DEEPLAB, width=8).to_dict())
+    with pytest.raises(store.StoreError, match=str(wider)):
+        zoo.load_dense(wider)
+
+
 def _damage(path: pathlib.Path, how: str) -> None:
     for file in sorted(path.iterdir()) if path.is_dir() else [path]:
         data = file.read_bytes()
