@@ -9,8 +9,10 @@ Modules: ``common`` (result type, void policy, projection, per-image
 statistics), ``losses``, ``amsgrad`` (PyTorch-style AMSGrad for optax),
 ``padam`` (PAdam-CE/Cos), ``apgd`` (APGD core, radius schedules), ``sea``
 (SEA-BCE/MCE/JSD/MSL), ``dag``, ``alma_prox``, ``pdpgd``, ``ensemble``
-(battery, per-image worst case), ``programs`` (compiled once per bucket; the dataset scores of its records are in
-`jaxseg_robust.reports.perturb_scores`), ``image_chunks`` (on an accelerator the batch attacked a chunk at a time).
+(battery, per-image worst case), ``programs`` (compiled once per bucket, `runner.program.CompiledFunction`s; the
+dataset scores of its records are in `jaxseg_robust.reports.perturb_scores`), ``image_chunks`` (on an accelerator
+the batch attacked a chunk at a time), ``target`` (the attacked model: a dense directory or a prompted SAM-family
+model), ``battery_program`` (one batch of the battery, a `runner.program.HostDrivenProtocol`).
 """
 
 from jaxseg_robust.attacks.perturb.alma_prox import alma_prox
