@@ -301,7 +301,8 @@ class CompiledFunction:
       last_from_cache: whether that compile read the executable from JAX's persistent cache.
     """
 
-    def __init__(self, name: str, fn: Callable, *, signature: Callable = None, bucket: Callable | None = None):
+    def __init__(self, name: str, fn: Callable, *, signature: Callable | None = None,
+                 bucket: Callable | None = None):
         listen_for_cache_hits()
         self.name, self.fn = name, fn
         self.signature = signature or _signature
@@ -403,9 +404,10 @@ class DeviceProgram:
         def tell():
             if announce is not None:
                 announce(f"compiling the {what} for bucket {frame_h}x{frame_w}, batch {batch} (first batch) ...")
+        compiles = self.function.compiles
         program = self.function.compiled(args, tell)
         self.last_compile = None
-        if self.function.last_compile_seconds > 0:
+        if self.function.compiles > compiles:
             self.last_compile = CompileEvent(what, (int(frame_h), int(frame_w)), int(batch),
                                              self.function.last_compile_seconds, time.time(),
                                              from_cache=self.function.last_from_cache)
