@@ -169,10 +169,10 @@ def test_battery_compiles_each_family_program_once_per_bucket():
 
 def test_a_battery_program_compiles_once_per_matmul_precision():
     """Executables are compiled ahead of time, so the precision is part of their key (runner.precision)."""
-    from jaxseg_robust.attacks.perturb.programs import CompiledProgram
+    from jaxseg_robust.attacks.perturb.programs import compiled_program
     from jaxseg_robust.runner.precision import matmul_precision
 
-    program = CompiledProgram("product", lambda a, b: a @ b)
+    program = compiled_program("product", lambda a, b: a @ b)
     a = jnp.ones((4, 4), jnp.float32)
     for precision in ("highest", "default", "highest", "default"):
         with matmul_precision(precision):

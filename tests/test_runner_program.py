@@ -20,6 +20,8 @@ from jaxseg_robust.models.base import Prediction, Transform
 from jaxseg_robust.runner.program import (
     TIMING_KEY,
     BatchProgram,
+    CompiledFunction,
+    HostDrivenProgram,
     RetraceError,
     device_program,
     host_arguments,
@@ -190,3 +192,52 @@ def test_malformed_batches_and_non_segmenters_are_refused():
                                 size=np.zeros((2, 2), np.int32), seed=np.zeros(2, np.uint32))
     with pytest.raises(ValueError, match="batch must hold"):
         program(bad)
+
+
+def test_a_compiled_function_compiles_once_per_signature_and_refuses_a_bucket_compiled_twice():
+    """The one compile cache: a known signature runs the cached executable (no trace, no compile); with a
+    bucket, the same bucket under another signature (here: another dtype) is a RetraceError."""
+    function = CompiledFunction("double", lambda x: x * 2, bucket=lambda args: (np.shape(args[0]),))
+    np.testing.assert_array_equal(function(jnp.arange(3.0)), [0.0, 2.0, 4.0])
+    assert (function.traces, function.compiles) == (1, 1) and function.compile_seconds > 0
+    np.testing.assert_array_equal(function(jnp.ones(3)), [2.0, 2.0, 2.0])
+    assert (function.traces, function.compiles) == (1, 1) and function.last_compile_seconds == 0.0
+    function(jnp.ones(4))  # a new bucket
+    assert (function.traces, function.compiles) == (2, 2)
+    with pytest.raises(RetraceError, match="the double of bucket .3,. was compiled twice"):
+        function(jnp.ones(3, jnp.int32))
+
+
+@dataclasses.dataclass
+class SummingProtocol:
+    """A host-driven protocol: two compiled programs with a host decision between them."""
+
+    name = "summing"
+    square: CompiledFunction = dataclasses.field(default_factory=lambda: CompiledFunction("square", jnp.square))
+    total: CompiledFunction = dataclasses.field(
+        default_factory=lambda: CompiledFunction("total", lambda x: jnp.sum(x, axis=(1, 2))))
+
+    def functions(self):
+        return [self.square, self.total]
+
+    def run_batch(self, batch):
+        gt = jnp.asarray(batch.gt, jnp.float32)
+        squared = self.square(gt) if bool(np.asarray(batch.instance_valid).all()) else gt
+        return {"total": np.asarray(self.total(squared))}
+
+
+def test_a_host_driven_protocol_gets_the_timing_and_compile_events_of_the_one_program():
+    program = HostDrivenProgram(SummingProtocol())
+    batch = pad_batch(INSTANCES[:2], (8, 8), 2)
+    first = program(batch)
+    # the object's pixels (1) plus the padding's (-1 squared): 21 + 22 and 16 + 24
+    np.testing.assert_array_equal(first["total"], [43, 40])
+    [event] = program.compile_log.drain()
+    assert (event.program, event.frame, event.batch, event.from_cache) == ("summing", (8, 8), 2, False)
+    assert event.seconds > 0
+    timing = first[TIMING_KEY]
+    assert timing["batch_instances"].tolist() == [2, 2] and np.all(timing["batch_seconds"] > 0)
+    assert np.all(timing["batch_ended"] >= timing["batch_started"])
+    second = program(pad_batch(INSTANCES[2:], (8, 8), 2))  # same bucket, a placeholder slot: no compile
+    assert program.compile_log.drain() == [] and second[TIMING_KEY]["batch_instances"].tolist() == [1, 1]
+    assert program.protocol.square.traces == program.protocol.total.traces == 1

@@ -118,7 +118,7 @@ def test_sizes_of_one_width_share_a_bucket_and_a_compilation(tmp_path, capsys):
         assert (int(rows[name]["height"]), int(rows[name]["width"])) == shape
         for column in score.SCORE_COLUMNS:
             assert float(rows[name][column]) == pytest.approx(float(getattr(expected, column)), abs=1e-6)
-    scores_fn = score._batched_scores(1)
+    scores_fn = M.batched_mask_scores(1)
     compiled = scores_fn._cache_size()
     code, _, _ = run([str(gt_dir), str(pred_dir)], capsys)
     assert code == cli.EXIT_OK and scores_fn._cache_size() == compiled

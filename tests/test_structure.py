@@ -4,7 +4,9 @@
 * no function over 90 code lines (docstring, blank and comment-only lines not counted);
 * every import of ``jaxseg_robust.X`` inside the library points to X's layer or a lower one:
   ops → metrics, prompts → models, data → runner → attacks, clicksim → reports → commands → cli;
-* the library never imports the converters (``ports``).
+* the library never imports the converters (``ports``);
+* the shell (``commands/``, ``cli.py``) holds no jitted code: it imports neither ``jax.numpy`` nor
+  ``jax.lax`` and calls no ``jit`` / ``vmap`` / ``grad`` (its programs live in the library).
 
 Imports are read with ``ast`` (module level and inside functions), so a lazy import counts too, and
 so does an import by name: a string that names a library module (``"jaxseg_robust.models.sam.registry"``
@@ -154,6 +156,51 @@ def test_imports_point_down_and_never_to_the_converters():
             elif name.startswith("jaxseg_robust.") and layer_of(name) > own:
                 wrong.append(f"{module}:{line} imports {name} (layer {layer_of(name)} > {own})")
     assert not wrong, "\n".join(wrong)
+
+
+SHELL = ("commands", "cli")
+JAX_TRANSFORMS = {"jit", "vmap", "pmap", "grad", "value_and_grad", "jacfwd", "jacrev", "checkpoint", "remat"}
+JAX_ARRAY_MODULES = ("jax.numpy", "jax.lax", "jax.scipy")
+
+
+def jitted_code_of(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of every piece of jitted code: an import of `JAX_ARRAY_MODULES` (or ``from jax import
+    numpy / lax``), a call or decoration with a `JAX_TRANSFORMS` name (``jax.jit(...)``, ``@jax.jit``,
+    ``functools.partial(jax.jit, ...)``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names if a.name.startswith(JAX_ARRAY_MODULES)]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(JAX_ARRAY_MODULES):
+            found.append((node.lineno, f"from {node.module} import ..."))
+        elif isinstance(node, ast.ImportFrom) and node.module == "jax":
+            found += [(node.lineno, f"from jax import {a.name}") for a in node.names
+                      if a.name in JAX_TRANSFORMS | {"numpy", "lax", "scipy"}]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "jax" \
+                and node.attr in JAX_TRANSFORMS | {"lax", "numpy"}:
+            found.append((node.lineno, f"jax.{node.attr}"))
+    return sorted(set(found))
+
+
+def test_the_shell_holds_no_jitted_code():
+    breaches = []
+    for path in library_modules():
+        module = dotted(path)
+        if module.split(".")[1] in SHELL:
+            breaches += [f"{module}:{line} {what}" for line, what in jitted_code_of(ast.parse(path.read_text()))]
+    assert not breaches, f"{len(breaches)} breach(es): jitted code in the shell (move it to the library):\n" + \
+        "\n".join(breaches)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import jax\n\n@jax.jit\ndef f(x):\n    return x\n", [(3, "jax.jit")]),
+    ("import functools, jax\nf = functools.partial(jax.vmap, in_axes=0)\n", [(2, "jax.vmap")]),
+    ("import jax.numpy as jnp\nfrom jax import lax\n", [(1, "import jax.numpy"), (2, "from jax import lax")]),
+    # not jitted code: placing and reading arrays, the process index
+    ("import jax\nx = jax.device_get(jax.device_put(1))\ni = jax.process_index()\n", []),
+])
+def test_the_shell_check_sees_jitted_code(source, expected):
+    assert jitted_code_of(ast.parse(source)) == expected
 
 
 @pytest.mark.parametrize("source, expected", [

@@ -78,13 +78,33 @@ def test_load_rejects_params_that_do_not_match_the_config(tmp_path):
 def test_dense_families_are_those_of_the_dense_modules_and_are_refused_by_name(tmp_path):
     from jaxseg_robust.models.dense import deeplabv3, semseg, u2net, upernet
 
-    assert set(zoo.DENSE_FAMILIES) == {m.FAMILY for m in (u2net, deeplabv3, semseg, upernet)}
+    assert set(zoo.dense_families()) == {m.FAMILY for m in (u2net, deeplabv3, semseg, upernet)}
     out = tmp_path / "u2netp"
     store.save(out, {"w": np.zeros(2)}, family="u2netp", variant="u2netp", config={})
     with pytest.raises(store.StoreError) as caught:
         zoo.load_params(out)
     assert str(caught.value).startswith(f"{out} holds a 'u2netp' model, a dense model (image -> per-pixel logits) "
                                         "that takes no prompts")
+
+
+def test_load_dense_is_the_one_loader_of_the_dense_families(tmp_path):
+    """A converted dense directory comes back as its registered family's model with its variables; variables
+    that do not fit the stored config are refused naming the directory."""
+    from dense_configs import TINY_DEEPLAB
+    from jaxseg_robust.models.dense.deeplabv3 import DeepLabV3Dense
+
+    model = DeepLabV3Dense(TINY_DEEPLAB)
+    variables = jax.tree.map(np.asarray, model.init(jax.random.key(0)))
+    out = tmp_path / "deeplab"
+    store.save(out, variables, family="deeplabv3", variant="tiny", config=TINY_DEEPLAB.to_dict())
+    loaded, loaded_variables = zoo.load_dense(out)
+    assert loaded == model and zoo.holds_dense(out) and not zoo.holds_dense(tmp_path / "absent")
+    jax.tree.map(np.testing.assert_array_equal, loaded_variables, variables)
+    wider = tmp_path / "wider"
+    store.save(wider, variables, family="deeplabv3", variant="tiny",
+               config=dataclasses.replace(TINY_DEEPLAB, width=8).to_dict())
+    with pytest.raises(store.StoreError, match=str(wider)):
+        zoo.load_dense(wider)
 
 
 def _damage(path: pathlib.Path, how: str) -> None:

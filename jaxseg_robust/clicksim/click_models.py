@@ -34,6 +34,7 @@ name; the zoo family ``"clickability"`` and the name ``rclicks_clickability``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Protocol
 
@@ -61,6 +62,7 @@ __all__ = [
     "unletterbox_matrices",
     "load_click_model",
     "LoadedClickModel",
+    "first_round_program",
 ]
 
 BASELINE_NAMES = ("dt", "ud")
@@ -146,3 +148,14 @@ def load_click_model(spec: str | os.PathLike, *, random_seed: int | None = None,
     loaded_config, variables = load_converted(path)
     return LoadedClickModel(NetworkClickModel(loaded_config), jax.tree.map(jnp.asarray, variables), str(path))
 
+
+@functools.lru_cache(maxsize=8)
+def first_round_program(click_model):
+    """The jitted first-round map of a click model: ``(params, prepared, region bool[Hf, Wf]) -> f32[Hf, Wf]``,
+    ``click_model.clickability`` with the whole frame as the image, zero outside ``region`` (the GT object
+    in the first round; rclicks.md §5.2)."""
+    def program(params, prepared, region):
+        inside = jnp.ones_like(region)
+        return click_model.clickability(params, prepared, region, inside) * region
+
+    return jax.jit(program)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import pathlib
 
 import numpy as np
@@ -121,20 +120,9 @@ def _user_clicks(args, instances):
     return clicks
 
 
-@functools.lru_cache(maxsize=8)
-def _first_round_program(click_model):
-    import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
-
-    def program(params, prepared, region):
-        inside = jnp.ones_like(region)
-        return click_model.clickability(params, prepared, region, inside) * region
-
-    return jax.jit(program)
-
-
 def _plot_groups(instances, loaded, config, out_dir: pathlib.Path, per_dataset: int) -> list[pathlib.Path]:
     """Fig. 6-style figures of the first-round groups for the first instances of each dataset."""
+    from jaxseg_robust.clicksim.click_models import first_round_program  # noqa: PLC0415
     from jaxseg_robust.reports.rclicks import group_index_map, plot_clicking_groups  # noqa: PLC0415
     from jaxseg_robust.reports.report_files import file_stem  # noqa: PLC0415
 
@@ -150,7 +138,7 @@ def _plot_groups(instances, loaded, config, out_dir: pathlib.Path, per_dataset: 
         obj = instance.gt == 1
         region = obj & (instance.gt != -1)
         prepared = loaded.model.prepare(instance.image, obj, obj.shape)
-        clickability = np.asarray(_first_round_program(loaded.model)(loaded.params, prepared, region))
+        clickability = np.asarray(first_round_program(loaded.model)(loaded.params, prepared, region))
         name = file_stem(instance.dataset, instance.id)
         paths.append(plot_clicking_groups(
             instance.image, obj, group_index_map(clickability, config.num_groups),

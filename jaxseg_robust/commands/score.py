@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import math
 import pathlib
 import sys
@@ -39,7 +38,7 @@ from jaxseg_robust.data.masks_io import (
     read_mask_checked,
     read_mask_size,
 )
-from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, boundary_width, mask_scores
+from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, batched_mask_scores, boundary_width
 from jaxseg_robust.runner.rundir import check_writable_file
 
 DEFAULT_EXAMPLE_DIR = "example_masks"
@@ -106,12 +105,6 @@ def register(subparsers) -> None:
 
 def _error(message: str) -> None:
     report_error("score", message)
-
-
-@functools.lru_cache(maxsize=None)
-def _batched_scores(width: int):
-    """Jitted, vmapped :func:`mask_scores` with boundary width ``width`` (one compile per canvas)."""
-    return jax.jit(jax.vmap(functools.partial(mask_scores, width=width)))
 
 
 def match_files(gt_dir, pred_dir) -> tuple[list[Pair], list[str]]:
@@ -232,7 +225,7 @@ def score_buckets(buckets: list[Bucket], gt_rule, pred_rule, gt_ignore) -> tuple
     """
     rows, problems, warnings = [], [], []
     for bucket in buckets:
-        scores_fn = _batched_scores(bucket.width)
+        scores_fn = batched_mask_scores(bucket.width)
         # Fixed per bucket, so each bucket compiles once.
         batch = max(1, min(BATCH_SIZE, len(bucket.pairs), BATCH_PIXELS // (bucket.canvas[0] * bucket.canvas[1])))
         for start in range(0, len(bucket.pairs), batch):

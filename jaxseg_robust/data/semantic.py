@@ -427,6 +427,13 @@ def parse_resize_rule(text: str) -> ResizeRule:
     raise ValueError(f"bad resize rule {text!r}; expected shorter:N, longer:N, fixed:HxW or none")
 
 
+def resize_rule(dataset: str, text: str | None = None) -> ResizeRule:
+    """The `ResizeRule` of ``text`` (`parse_resize_rule`), or the paper's protocol of ``dataset`` when None."""
+    if text is None:
+        return VOC_PROTOCOL if dataset == "voc" else CITYSCAPES_PROTOCOL
+    return parse_resize_rule(text)
+
+
 def rule_text(rule: ResizeRule) -> str:
     """The `parse_resize_rule` spelling of ``rule`` (for manifests)."""
     if rule.mode == "none":

@@ -401,3 +401,13 @@ def mask_scores(
         intersection=inter,
         union=union,
     )
+
+
+@functools.lru_cache(maxsize=None)
+def batched_mask_scores(width: int):
+    """`mask_scores` of B pairs with boundary width ``width`` px, jitted and vmapped (one compile per canvas).
+
+    Returns:
+      ``(gt bool[B, H, W], pred bool[B, H, W], valid bool[B, H, W]) -> MaskScores`` of [B] arrays.
+    """
+    return jax.jit(jax.vmap(functools.partial(mask_scores, width=width)))

@@ -39,11 +39,9 @@ DEFAULT_MODELS_DIR = "~/.cache/jaxseg_robust/models"
 # trained on synthetic shapes only. Real evaluations use ported official checkpoints.
 DEFAULT_MODEL = "sam_demo"
 PACKAGE_WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent / "weights"
-# The families of converted dense directories (`jaxseg_robust.models.dense`, each module's FAMILY): image ->
-# per-pixel logits, no prompts; `load_params` refuses them by name.
-DENSE_FAMILIES = ("u2netp", "deeplabv3", "semseg", "upernet")
 BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry", "jaxseg_robust.models.sam2.registry",
-                         "jaxseg_robust.models.clickability.registry", "jaxseg_robust.models.clickmap.registry")
+                         "jaxseg_robust.models.clickability.registry", "jaxseg_robust.models.clickmap.registry",
+                         "jaxseg_robust.models.dense.registry")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +66,20 @@ class FamilySpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class DenseFamilySpec:
+    """A family of dense models (image -> per-pixel logits, no prompts; the perturbation battery's).
+
+    Attributes:
+      name: family name, as stored in a converted directory's config.json.
+      model_from_config: JSON config dict -> the `jaxseg_robust.models.dense.DenseModel` (with
+        ``variable_shapes()``, checked against the stored variables).
+    """
+
+    name: str
+    model_from_config: Callable[[dict], Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """A named model: family, static config and the official checkpoint file name."""
 
@@ -81,12 +93,18 @@ class ModelSpec:
 
 _FAMILIES: dict[str, FamilySpec] = {}
 _MODELS: dict[str, ModelSpec] = {}
+_DENSE_FAMILIES: dict[str, DenseFamilySpec] = {}
 _loaded_builtins = False
 
 
 def register_family(spec: FamilySpec) -> None:
     """Registers (or replaces) a model family."""
     _FAMILIES[spec.name] = spec
+
+
+def register_dense_family(spec: DenseFamilySpec) -> None:
+    """Registers (or replaces) a dense model family (`load_dense` loads it, `load_params` refuses it)."""
+    _DENSE_FAMILIES[spec.name] = spec
 
 
 def register_model(name: str, family: str, config: Any, *, checkpoint_hint: str = "",
@@ -128,6 +146,12 @@ def get(name: str) -> ModelSpec:
         raise ValueError(f"unknown model '{name}'; known names: {', '.join(known_names())} "
                          f"(or pass a directory made by `python -m ports`)")
     return _MODELS[name]
+
+
+def dense_families() -> tuple[str, ...]:
+    """Sorted names of the registered dense families."""
+    _ensure_builtins()
+    return tuple(sorted(_DENSE_FAMILIES))
 
 
 def family(name: str) -> FamilySpec:
@@ -196,14 +220,49 @@ def resolve(name_or_dir: str | os.PathLike) -> pathlib.Path:
 
 
 def refuse_dense(path: os.PathLike, family_name: str) -> None:
-    """StoreError when a converted directory holds a dense model (`DENSE_FAMILIES`): it maps an
+    """StoreError when a converted directory holds a dense model (`dense_families`): it maps an
     image to logits and takes no prompts, so no prompt protocol runs it (the perturbation battery does)."""
     from jaxseg_robust.models import store  # noqa: PLC0415
 
-    if family_name in DENSE_FAMILIES:
+    if family_name in dense_families():
         raise store.StoreError(f"{os.fspath(path)} holds a '{family_name}' model, a dense model (image -> "
                                "per-pixel logits) that takes no prompts; prompt protocols need a promptable "
                                "model (SAM, SAM 2, SAM-HQ, RITM, SimpleClick, CFR-ICL); perturb attacks dense models")
+
+
+def family_of_directory(path: os.PathLike) -> str:
+    """The family a converted directory's config.json names (StoreError when it has none)."""
+    from jaxseg_robust.models import store  # noqa: PLC0415
+
+    return store.read_meta(path)["family"]
+
+
+def holds_dense(path: os.PathLike) -> bool:
+    """Whether ``path`` is a converted directory of a dense family (False for a name or another family)."""
+    path = pathlib.Path(os.fspath(path)).expanduser()
+    return path.is_dir() and family_of_directory(path) in dense_families()
+
+
+def load_dense(model_dir: str | os.PathLike):
+    """Loads a converted dense model directory (``python -m ports dense|semseg|upernet``; no torch needed).
+
+    Returns:
+      (model: `jaxseg_robust.models.dense.DenseModel`, variables: nested dict of numpy float32 arrays).
+
+    Raises:
+      jaxseg_robust.models.store.StoreError: a missing or damaged directory, a family that is not
+        dense, or variables that do not match the stored config (naming the directory).
+    """
+    from jaxseg_robust.models import store  # noqa: PLC0415
+
+    family_name = family_of_directory(model_dir)
+    if family_name not in dense_families():
+        raise store.StoreError(f"{os.fspath(model_dir)} holds a '{family_name}' model, which is not a dense "
+                               f"model (expected one of {list(dense_families())})")
+    variables, meta = store.load(model_dir)
+    model = _DENSE_FAMILIES[family_name].model_from_config(meta["config"])
+    store.check_tree(variables, model.variable_shapes(), what=os.fspath(model_dir))
+    return model, variables
 
 
 def load_params(name_or_dir: str | os.PathLike, *, compute_dtype: str | None = None):

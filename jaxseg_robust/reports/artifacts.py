@@ -210,6 +210,13 @@ def append_compile_events(run_dir, events, process_index: int = 0, session: str 
             handle.write("".join(lines))
 
 
+def append_compile_summary(run_dir, summary: dict) -> None:
+    """Appends a session's compile / run totals (perturb: `attacks.perturb.programs.compile_summary`) to
+    ``compile.jsonl`` (a line without ``seconds``, which `read_compile_events` skips)."""
+    with open(pathlib.Path(run_dir) / COMPILE_LOG, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(summary) + "\n")
+
+
 def read_compile_events(run_dir) -> list[dict]:
     """The bucket compile lines of ``compile.jsonl`` (those with ``seconds``), in order; ``[]`` when none."""
     path = pathlib.Path(run_dir) / COMPILE_LOG
@@ -249,6 +256,6 @@ def read_timings(run_dir) -> dict[tuple[str, str], dict]:
     return {(str(entry["dataset"]), str(entry["id"])): entry for entry in read_timing_lines(run_dir)}
 
 
-__all__ = ["MASKS_DIR", "COMPILE_LOG", "file_stem", "mask_path", "write_mask", "read_mask", "store_masks",
+__all__ = ["MASKS_DIR", "COMPILE_LOG", "append_compile_summary", "file_stem", "mask_path", "write_mask", "read_mask", "store_masks",
            "timings_path", "timing_line", "session_token", "append_timing", "timed_finalize",
            "append_compile_events", "read_compile_events", "read_timing_lines", "read_timings"]

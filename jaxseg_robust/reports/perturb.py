@@ -346,6 +346,30 @@ def write_report(run_dir, out_dir=None) -> dict[str, pathlib.Path]:
     return paths
 
 
+def summarize_run(run_dir, *, with_report: bool = True) -> list[str]:
+    """Writes ``RUN_DIR/summary.md`` / ``.csv`` (the clean vs robust table with the run's timing, as every
+    protocol's summary) and, when ``with_report``, the report (`write_report`); returns the lines the
+    command prints: the table, the per-image worst case wins, the report's path.
+
+    Raises:
+      FileNotFoundError / ValueError: no run directory, manifest or records.
+    """
+    from jaxseg_robust.reports.report_files import write_table_files  # noqa: PLC0415
+    from jaxseg_robust.reports.timing_summary import add_run_timing  # noqa: PLC0415
+
+    out = pathlib.Path(run_dir)
+    run = load_run(out)
+    markdown, csv_text = add_run_timing(out, summary_markdown(run), summary_csv(run))
+    write_table_files(out, "summary", markdown, csv_text)
+    lines = [markdown]
+    if run.keys:
+        lines.append("per-image worst case (by mIoU): " + ", ".join(f"{w['attack']} {w['wins_miou']}"
+                                                                    for w in win_counts(run)))
+    if with_report:
+        lines.append(f"wrote {write_report(out)['report']}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m jaxseg_robust.reports.perturb RUN_DIR [--out DIR]``; returns 0, or 2 on a bad directory."""
     parser = argparse.ArgumentParser(prog="python -m jaxseg_robust.reports.perturb",

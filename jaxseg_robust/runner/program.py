@@ -27,11 +27,17 @@ prepare the next batch meanwhile (docs/ARCHITECTURE.md, "The batch loop").
 
 One program per (segmenter, protocol) pair is shared by every `BatchProgram`
 of the process (`device_program`), compiled ahead of its first batch per input
-signature (shapes, dtypes, placement) and announced (``announce``). Retraces
-are checked here and nowhere else: a bucket (frame, batch size, placement)
-compiled a second time raises `RetraceError` (a protocol whose host inputs
-change shape between batches of one bucket, say), and ``traces`` counts every
-trace for the tests.
+signature (shapes, dtypes, placement) and announced (``announce``).
+
+Compiles and retraces are handled here and nowhere else (`CompiledFunction`):
+a bucket (frame, batch size, placement) compiled a second time raises
+`RetraceError` (a protocol whose host inputs change shape between batches of
+one bucket, say), so does a second trace for one signature, and ``traces``
+counts every trace for the tests. A protocol that runs several programs with
+host decisions between them (the perturbation battery) is a
+`HostDrivenProtocol`: its programs are `CompiledFunction`s and
+`HostDrivenProgram` gives it the timing and compile events of a timed
+`BatchProgram` (docs/ARCHITECTURE.md, "The batch loop").
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import chex
@@ -273,26 +279,114 @@ def _bucket(args) -> tuple:
     return tuple(np.shape(gt)), str(getattr(gt, "sharding", None)), _signature(args[:2])
 
 
+class CompiledFunction:
+    """``fn(*args) -> pytree`` jitted and compiled ahead of time once per input signature and matmul precision.
+
+    The one compile cache and retrace check of the library: every prompt protocol's `DeviceProgram`
+    and each program of the perturbation battery (`HostDrivenProgram`) compile through one.
+
+    Args:
+      name: what the program is called in messages.
+      fn: a pure function of array arguments.
+      signature: ``args -> hashable`` key of the compile cache (default: every leaf's shape, dtype,
+        weak type and placement).
+      bucket: ``args -> hashable`` or None: the bucket of a signature; a bucket compiled a second
+        time under another signature raises `RetraceError` (None: no bucket check).
+
+    Attributes:
+      traces: how many times ``fn`` was traced; a second trace for one signature raises `RetraceError`.
+      compiles: executables built; compile_seconds, run_seconds: wall seconds compiling and in
+        `__call__` (which waits for the outputs).
+      last_compile_seconds: seconds of the compile the last `compiled` call made (0.0: none).
+      last_from_cache: whether that compile read the executable from JAX's persistent cache.
+    """
+
+    def __init__(self, name: str, fn: Callable, *, signature: Callable | None = None,
+                 bucket: Callable | None = None):
+        listen_for_cache_hits()
+        self.name, self.fn = name, fn
+        self.signature = signature or _signature
+        self.bucket = bucket
+        self.traces = self.compiles = 0
+        self.compile_seconds = self.run_seconds = self.last_compile_seconds = 0.0
+        self.last_from_cache = False
+        self.jitted = jax.jit(self._traced)
+        self._executables: dict = {}
+        self._buckets: dict = {}
+
+    def _traced(self, *args):
+        self.traces += 1  # runs once per trace
+        return self.fn(*args)
+
+    def _check_bucket(self, args, key, precision) -> None:
+        bucket = self.bucket(args)
+        if (bucket, precision) in self._buckets:
+            old = self._buckets[bucket, precision]
+            changed = [i for i, (a, b) in enumerate(zip(old, key)) if a != b] if len(old) == len(key) else "count"
+            raise RetraceError(f"the {self.name} of bucket {bucket[0]} was compiled twice: the per-batch "
+                               f"arguments changed (leaves {changed}); host inputs must have one shape per bucket")
+        self._buckets[bucket, precision] = key
+
+    def compiled(self, args, before_compile: Callable[[], None] | None = None):
+        """The executable for ``args``' signature, traced, lowered and compiled the first time (and timed).
+
+        ``before_compile`` is called just before a compile (an announcement).
+
+        Raises:
+          RetraceError: the bucket was compiled before under another signature, or ``fn`` was traced
+            more than once for one signature.
+        """
+        # the matmul precision programs are traced under (`runner.precision`) is part of jit's cache key
+        precision = jax.config.jax_default_matmul_precision
+        signature = self.signature(args)
+        key = (precision, signature)
+        self.last_compile_seconds, self.last_from_cache = 0.0, False
+        if key in self._executables:
+            return self._executables[key]
+        if self.bucket is not None:
+            self._check_bucket(args, signature, precision)
+        if before_compile is not None:
+            before_compile()
+        traces, hits, start = self.traces, cache_hits(), time.perf_counter()
+        executable = self._executables[key] = self.jitted.lower(*args).compile()
+        self.last_compile_seconds = time.perf_counter() - start
+        self.last_from_cache = cache_hits() > hits
+        self.compile_seconds += self.last_compile_seconds
+        self.compiles += 1
+        if self.traces > traces + 1:
+            raise RetraceError(f"the {self.name} was traced {self.traces - traces} times for one signature")
+        return executable
+
+    def __call__(self, *args):
+        """Runs the compiled program on ``args`` and waits for its outputs (their time goes to ``run_seconds``)."""
+        executable = self.compiled(args)
+        start = time.perf_counter()
+        args = jax.device_put(args, executable.input_shardings[0])  # equivalent placements -> the compiled one
+        outputs = jax.block_until_ready(executable(*args))
+        self.run_seconds += time.perf_counter() - start
+        return outputs
+
+
 class DeviceProgram:
     """The jitted device side of one (segmenter, protocol) pair: embed once, vmap the protocol.
 
     Attributes:
-      traces: how many times the program was traced (one per bucket and placement).
+      function: its `CompiledFunction` (one compile per bucket and placement; a retrace is an error).
       last_compile: the `CompileEvent` of the last `compiled` call, None when it found the program compiled.
     """
 
     def __init__(self, segmenter, protocol):
-        listen_for_cache_hits()
         self.segmenter = segmenter
         self.protocol = protocol
-        self.traces = 0
         self.last_compile: CompileEvent | None = None
-        self.jitted = jax.jit(self._run)
-        self._compiled: dict = {}
-        self._buckets: dict = {}
+        self.function = CompiledFunction(f"{protocol.name} program", self._run, bucket=_bucket)
+
+    @property
+    def traces(self) -> int:
+        """How many times the program was traced (one per bucket and placement)."""
+        return self.function.traces
 
     def _run(self, params, aux_params, model_input, transform, gt, width, seed, extras):
-        self.traces += 1  # runs once per trace
         features = self.segmenter.embed(params, model_input)
         inputs = InstanceInputs(features=features, transform=transform, gt=gt, width=width, seed=seed,
                                 extras=extras)
@@ -310,35 +404,19 @@ class DeviceProgram:
         Raises:
           RetraceError: this bucket and placement was compiled before with other argument shapes.
         """
-        # the matmul precision programs are traced under (`runner.precision`) is part of jit's cache key
-        precision = jax.config.jax_default_matmul_precision
-        signature = _signature(args)
-        key = (precision, signature)
-        program = self._compiled.get(key)
-        self.last_compile = None
-        if program is not None:
-            return program
-        bucket = (*_bucket(args), precision)
-        if bucket in self._buckets:
-            old = self._buckets[bucket]
-            changed = ([i for i, (a, b) in enumerate(zip(old, signature)) if a != b] if len(old) == len(signature)
-                       else "count")
-            raise RetraceError(f"the {self.protocol.name} program of bucket {bucket[0]} was compiled twice: "
-                               f"the per-batch arguments changed (leaves {changed}); host inputs must have one "
-                               "shape per bucket")
-        batch, frame_h, frame_w = bucket[0]
+        batch, frame_h, frame_w = _bucket(args)[0]
         what = description or f"{self.protocol.name} program"
-        if announce is not None:
-            announce(f"compiling the {what} for bucket {frame_h}x{frame_w}, batch {batch} (first batch) ...")
-        before, hits = self.traces, cache_hits()
-        start = time.perf_counter()
-        program = self._compiled[key] = self.jitted.lower(*args).compile()
-        self.last_compile = CompileEvent(what, (int(frame_h), int(frame_w)), int(batch), time.perf_counter() - start,
-                                         time.time(), from_cache=cache_hits() > hits)
-        if self.traces != before + 1:
-            raise RetraceError(f"the {self.protocol.name} program was traced {self.traces - before} times "
-                               "for one signature")
-        self._buckets[bucket] = signature
+
+        def tell():
+            if announce is not None:
+                announce(f"compiling the {what} for bucket {frame_h}x{frame_w}, batch {batch} (first batch) ...")
+        compiles = self.function.compiles
+        program = self.function.compiled(args, tell)
+        self.last_compile = None
+        if self.function.compiles > compiles:
+            self.last_compile = CompileEvent(what, (int(frame_h), int(frame_w)), int(batch),
+                                             self.function.last_compile_seconds, time.time(),
+                                             from_cache=self.function.last_from_cache)
         return program
 
 
@@ -491,6 +569,65 @@ class BatchProgram(DispatchingBatchFunction):
         return self.dispatch(batch).result()
 
 
+class HostDrivenProtocol(Protocol):
+    """A protocol that runs several compiled programs on a batch with host decisions between them
+    (the perturbation battery, `jaxseg_robust.attacks.perturb.battery_program`).
+
+    Attributes:
+      name: what its compile events call it.
+
+    ``functions() -> Sequence[CompiledFunction]``: every program it runs (their compile and run
+    seconds make the batch's timing). ``run_batch(batch) -> Mapping[str, array [B, ...]]``: the
+    outputs of one `PaddedBatch` placed on the mesh.
+    """
+
+    name: str
+
+    def functions(self) -> Sequence[CompiledFunction]: ...
+
+    def run_batch(self, batch) -> Mapping: ...
+
+
+class HostDrivenProgram:
+    """``PaddedBatch -> dict of arrays [B, ...]`` of a `HostDrivenProtocol`, timed like a timed `BatchProgram`.
+
+    Device seconds of a batch: what its compiled programs ran (each call waits for its outputs); wall
+    seconds: the whole batch (host work between the programs included) minus the compile seconds, which
+    go to ``compile_log`` (one `CompileEvent` per batch that compiled: a new bucket; ``from_cache`` when
+    JAX read every program it compiled from its persistent compilation cache,
+    `jaxseg_robust.runner.compile_cache`).
+
+    Attributes:
+      protocol: the `HostDrivenProtocol`.
+      compile_log: a `CompileLog`.
+    """
+
+    def __init__(self, protocol: HostDrivenProtocol):
+        listen_for_cache_hits()
+        self.protocol = protocol
+        self.compile_log = CompileLog()
+
+    def _totals(self) -> tuple[float, float, int]:
+        functions = list({id(f): f for f in self.protocol.functions()}.values())
+        return (sum(f.compile_seconds for f in functions), sum(f.run_seconds for f in functions),
+                sum(f.compiles for f in functions))
+
+    def __call__(self, batch) -> dict:
+        totals, hits = self._totals(), cache_hits()
+        begin, started = time.perf_counter(), time.time()
+        outputs = dict(self.protocol.run_batch(batch))
+        wall = time.perf_counter() - begin
+        compiled, ran, compiles = (after - before for after, before in zip(self._totals(), totals))
+        if compiles > 0:
+            batch_size, frame_h, frame_w = np.shape(batch.gt)
+            self.compile_log.add(CompileEvent(self.protocol.name, (int(frame_h), int(frame_w)), int(batch_size),
+                                              compiled, started + compiled,
+                                              from_cache=cache_hits() - hits >= compiles > 0))
+        outputs[TIMING_KEY] = batch_timing(batch.instance_valid, ran, wall - compiled, started, started + wall)
+        return outputs
+
+
 __all__ = ["TIMING_KEY", "CompileEvent", "CompileLog", "batch_timing", "unix_time", "RetraceError", "InstanceInputs",
            "HostSlot", "BatchProtocol", "check_batch", "stack_trees", "place_like", "host_device", "host_arguments",
-           "DeviceProgram", "device_program", "ProgramBatch", "BatchProgram"]
+           "CompiledFunction", "DeviceProgram", "device_program", "ProgramBatch", "BatchProgram",
+           "HostDrivenProtocol", "HostDrivenProgram"]

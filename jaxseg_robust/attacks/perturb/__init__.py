@@ -9,8 +9,10 @@ Modules: ``common`` (result type, void policy, projection, per-image
 statistics), ``losses``, ``amsgrad`` (PyTorch-style AMSGrad for optax),
 ``padam`` (PAdam-CE/Cos), ``apgd`` (APGD core, radius schedules), ``sea``
 (SEA-BCE/MCE/JSD/MSL), ``dag``, ``alma_prox``, ``pdpgd``, ``ensemble``
-(battery, per-image worst case), ``programs`` (compiled once per bucket; the dataset scores of its records are in
-`jaxseg_robust.reports.perturb_scores`), ``image_chunks`` (on an accelerator the batch attacked a chunk at a time).
+(battery, per-image worst case), ``programs`` (compiled once per bucket, `runner.program.CompiledFunction`s; the
+dataset scores of its records are in `jaxseg_robust.reports.perturb_scores`), ``image_chunks`` (on an accelerator
+the batch attacked a chunk at a time), ``target`` (the attacked model: a dense directory or a prompted SAM-family
+model), ``battery_program`` (one batch of the battery, a `runner.program.HostDrivenProtocol`).
 """
 
 from jaxseg_robust.attacks.perturb.alma_prox import alma_prox
@@ -40,7 +42,7 @@ from jaxseg_robust.attacks.perturb.ensemble import (
     select_worst,
     update_worst,
 )
-from jaxseg_robust.attacks.perturb.programs import CompiledProgram, compile_summary
+from jaxseg_robust.attacks.perturb.programs import compile_summary, compiled_program
 from jaxseg_robust.attacks.perturb.padam import padam
 from jaxseg_robust.attacks.perturb.pdpgd import pdpgd
 from jaxseg_robust.attacks.perturb.sea import sea
@@ -53,7 +55,6 @@ __all__ = [
     "BatteryConfig",
     "BatteryResult",
     "Candidate",
-    "CompiledProgram",
     "Stage",
     "alma_prox",
     "apgd",
@@ -62,6 +63,7 @@ __all__ = [
     "build_battery",
     "checkpoint_schedule",
     "compile_summary",
+    "compiled_program",
     "dag",
     "image_confusions",
     "instance_keys",

@@ -45,7 +45,8 @@ from jaxseg_robust.attacks.perturb.dag import dag
 from jaxseg_robust.attacks.perturb.image_chunks import DEFAULT_ACCELERATOR_CHUNK, per_platform
 from jaxseg_robust.attacks.perturb.padam import padam
 from jaxseg_robust.attacks.perturb.pdpgd import pdpgd
-from jaxseg_robust.attacks.perturb.programs import CompiledProgram, compile_summary
+from jaxseg_robust.attacks.perturb.programs import compile_summary, compiled_program
+from jaxseg_robust.runner.program import CompiledFunction
 from jaxseg_robust.attacks.perturb.sea import MSL_TRACKS, SEA_SCHEDULES, sea
 
 CANDIDATE_ORDER = ("clean", "padam_ce", "padam_cos", "sea_mce", "sea_bce", "sea_jsd", "sea_msl", "dag_0.001",
@@ -53,6 +54,31 @@ CANDIDATE_ORDER = ("clean", "padam_ce", "padam_cos", "sea_mce", "sea_bce", "sea_
 CANDIDATE_LABELS = {"clean": "clean", "padam_ce": "PAdam-CE", "padam_cos": "PAdam-Cos", "sea_mce": "SEA-MCE",
                     "sea_bce": "SEA-BCE", "sea_jsd": "SEA-JSD", "sea_msl": "SEA-MSL", "dag_0.001": "DAG-0.001",
                     "dag_0.003": "DAG-0.003", "pdpgd": "PDPGD", "alma_prox": "ALMAProx"}
+
+# The attack names and groups a user types (``--attacks``), each -> battery candidate names.
+ATTACK_GROUPS = {
+    "padam-ce": ("padam_ce",), "padam-cos": ("padam_cos",), "padam": ("padam_ce", "padam_cos"),
+    "sea": ("sea_mce", "sea_bce", "sea_jsd", "sea_msl"), "sea-mce": ("sea_mce",), "sea-bce": ("sea_bce",),
+    "sea-jsd": ("sea_jsd",), "sea-msl": ("sea_msl",), "dag": ("dag_0.001", "dag_0.003"),
+    "dag-0.001": ("dag_0.001",), "dag-0.003": ("dag_0.003",), "alma-prox": ("alma_prox",), "pdpgd": ("pdpgd",),
+}
+
+
+def attack_names(text: str) -> tuple[str, ...]:
+    """Comma list of `ATTACK_GROUPS` keys or ``all`` (case and ``_``/``-`` free) -> candidate names in C-R
+    order, no duplicates; ValueError for an empty list or an unknown name (listing the known ones)."""
+    items = [item.strip().lower().replace("_", "-") for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise ValueError("the attack list is empty")
+    wanted = set()
+    for item in items:
+        if item == "all":
+            wanted.update(name for group in ATTACK_GROUPS.values() for name in group)
+        elif item in ATTACK_GROUPS:
+            wanted.update(ATTACK_GROUPS[item])
+        else:
+            raise ValueError(f"unknown attack {item!r}; known: {', '.join(ATTACK_GROUPS)}, all")
+    return tuple(name for name in CANDIDATE_ORDER if name in wanted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +168,7 @@ SEA_MEMBER_LOSSES = ("mce", "bce", "jsd", "msl")
 class Candidate:
     """One battery member: ``name`` (see ``CANDIDATE_ORDER``), attack ``family``, its ``run`` and shared ``program``.
 
-    ``program`` (a `programs.CompiledProgram`, None for the clean image) is
+    ``program`` (a `runner.program.CompiledFunction`, None for the clean image) is
     shared by the members of one attack family; ``run`` calls it with the
     member's own key fold and loss index / step.
     """
@@ -150,7 +176,7 @@ class Candidate:
     name: str
     family: str
     run: CandidateFn
-    program: CompiledProgram | None = None
+    program: CompiledFunction | None = None
 
 
 def _clean(params, images, labels, valid, keys, region=None) -> AttackResult:
@@ -233,9 +259,9 @@ def family_attacks(logits_fn: LogitsFn, config: BatteryConfig, wanted: set[str] 
     return {name: program_of(makers[name]()) for name in makers if wanted is None or name in wanted}
 
 
-def _family_programs(logits_fn: LogitsFn, config: BatteryConfig, wanted: set[str]) -> dict[str, CompiledProgram]:
+def _family_programs(logits_fn: LogitsFn, config: BatteryConfig, wanted: set[str]) -> dict[str, CompiledFunction]:
     """`family_attacks` compiled once per bucket: the whole batch on the CPU, `image_chunks.in_chunks` elsewhere."""
-    return {name: CompiledProgram(name, per_platform(attack, config.accelerator_chunk))
+    return {name: compiled_program(name, per_platform(attack, config.accelerator_chunk))
             for name, attack in family_attacks(logits_fn, config, wanted).items()}
 
 
@@ -279,11 +305,11 @@ def build_battery(logits_fn: LogitsFn, config: BatteryConfig) -> tuple[Candidate
 
 
 @functools.lru_cache(maxsize=32)
-def score_program(logits_fn: LogitsFn, num_classes: int) -> CompiledProgram:
+def score_program(logits_fn: LogitsFn, num_classes: int) -> CompiledFunction:
     """The scoring program ``(params, images, labels, valid) -> int32[B, C, C]`` of a model (one per process)."""
     def score(params, images, labels, valid):
         return image_confusions(logits_fn(params, images), labels, valid, num_classes=num_classes)
-    return CompiledProgram("score", score)
+    return compiled_program("score", score)
 
 
 def battery_compile_summary(candidates: Sequence[Candidate], logits_fn: LogitsFn, num_classes: int) -> dict:

@@ -158,6 +158,69 @@ class _PdpgdState(NamedTuple):
     prox_iterations: jnp.ndarray  # int32[B] proximal sub-iterations run (diagnostic)
 
 
+ADAM_BETAS = (0.9, 0.999)  # the primal Adam's (β1, β2), adv-lib's
+
+
+def _schedules(num_steps: int, primal_lr: float, primal_lr_decrease: float, dual_lr: float,
+               dual_lr_decrease: float) -> tuple[jnp.ndarray, ...]:
+    """Per-step tables f32[N]: primal step sizes, Adam's scaled steps ``-lr_i / (1 - β1^(i+1))``,
+    ``sqrt(1 - β2^(i+1))`` and the dual step sizes (linear from ``dual_lr`` down to
+    ``dual_lr · dual_lr_decrease``)."""
+    beta1, beta2 = ADAM_BETAS
+    step_sizes = table([primal_lr * primal_lr_decrease ** (i / num_steps) for i in range(num_steps)])
+    adam_scales = table([-(primal_lr * primal_lr_decrease ** (i / num_steps)) / (1 - beta1 ** (i + 1))
+                         for i in range(num_steps)])
+    correction2_sqrt = table([(1 - beta2 ** (i + 1)) ** 0.5 for i in range(num_steps)])
+    dual_steps = table([dual_lr * ((num_steps - 1 - i) / max(num_steps - 1, 1) * (1 - dual_lr_decrease)
+                                   + dual_lr_decrease) for i in range(num_steps)])
+    return step_sizes, adam_scales, correction2_sqrt, dual_steps
+
+
+def _proximal_distance_step(images, r, denominator, step_size, weight_sum, prox_iterations, *,
+                            proximal_steps: int, prox_threshold: float, l1_method: str):
+    """Proximal Adam (arXiv 1910.10094) for the distance term of one PDPGD step.
+
+    Args:
+      images: f32[B, H, W, 3] clean images; r: f32[B, H, W, 3] the perturbation after the Adam step.
+      denominator: f32[B, H, W, 3] Adam's ``sqrt(v̂) + 1e-8``; step_size: f32[] the step's primal rate.
+      weight_sum: f32[B] the constraint weights' sum; prox_iterations: int32[B] sub-iterations so far.
+
+    Returns:
+      (z f32[B, H, W, 3] the new perturbation, int32[B] sub-iterations run so far).
+    """
+    batch = images.shape[0]
+    psi = jnp.max(denominator.reshape(batch, -1), axis=1)
+    effective_lr = step_size / psi
+    prox_weight = ((1.0 - weight_sum) / weight_sum) * effective_lr
+    scaled_metric = denominator / batch_view(psi, 4)
+
+    def sub_iteration(_, carry):
+        z, error, iterations = carry
+        running = error > prox_threshold
+        z_new = prox_linf(z - scaled_metric * (z - r), prox_weight, l1_method)
+        z_new = jnp.clip(images + z_new, 0.0, 1.0) - images
+        z_next = jnp.where(batch_view(running, 4), z_new, z)
+        error = (jnp.sqrt(jnp.sum(jnp.square(z_next - z).reshape(batch, -1), axis=1))
+                 / jnp.sqrt(jnp.sum(jnp.square(z_next).reshape(batch, -1), axis=1)))
+        return z_next, error, iterations + running.astype(jnp.int32)
+
+    z, _, iterations = lax.fori_loop(0, proximal_steps, sub_iteration,
+                                     (r, jnp.ones(batch, jnp.float32), prox_iterations))
+    return z, iterations
+
+
+def _initial_state(images, mask, mask_count, dual_ratio_init: float) -> _PdpgdState:
+    """Zero perturbation and Adam moments, λ = -log(|mask| · ratio) on the mask, nothing found yet."""
+    batch = images.shape[0]
+    initial_log = -jnp.log(mask_count.astype(jnp.float32) * jnp.float32(dual_ratio_init))
+    log_weights = jnp.where(mask, batch_view(initial_log, 3), -jnp.inf)
+    return _PdpgdState(
+        perturbation=jnp.zeros_like(images), exp_avg=jnp.zeros_like(images), exp_avg_sq=jnp.zeros_like(images),
+        log_weights=log_weights, weights_ema=softmax_plus_one(log_weights),
+        best_dist=jnp.full(batch, jnp.inf, jnp.float32), best_fraction=jnp.zeros(batch, jnp.float32),
+        found=jnp.zeros(batch, bool), output=images, prox_iterations=jnp.zeros(batch, jnp.int32))
+
+
 @functools.partial(jax.jit, static_argnames=(
     "logits_fn", "num_steps", "primal_lr", "primal_lr_decrease", "dual_ratio_init", "dual_lr", "dual_lr_decrease",
     "dual_ema", "dual_min_ratio", "proximal_steps", "prox_threshold", "constraint_masking", "mask_decay",
@@ -197,13 +260,9 @@ def pdpgd(logits_fn: LogitsFn, params, images, labels, mask, *, num_steps: int =
     batch = images.shape[0]
     mask_count = count_pixels(mask)
     log_min = math.log(check_positive(dual_min_ratio, "dual_min_ratio"))
-    beta1, beta2 = 0.9, 0.999
-    step_sizes = table([primal_lr * primal_lr_decrease ** (i / num_steps) for i in range(num_steps)])
-    adam_scales = table([-(primal_lr * primal_lr_decrease ** (i / num_steps)) / (1 - beta1 ** (i + 1))
-                         for i in range(num_steps)])
-    correction2_sqrt = table([(1 - beta2 ** (i + 1)) ** 0.5 for i in range(num_steps)])
-    dual_steps = table([dual_lr * ((num_steps - 1 - i) / max(num_steps - 1, 1) * (1 - dual_lr_decrease)
-                                   + dual_lr_decrease) for i in range(num_steps)])
+    beta1, beta2 = ADAM_BETAS
+    step_sizes, adam_scales, correction2_sqrt, dual_steps = _schedules(num_steps, primal_lr, primal_lr_decrease,
+                                                                       dual_lr, dual_lr_decrease)
     k_max = max(1, int((1 - threshold) * mask.shape[1] * mask.shape[2]) + 1)
     counts = decay_counts(mask_count, num_steps, 1 - threshold)
     fixed_count = jnp.floor(jnp.float32(1 - threshold) * mask_count.astype(jnp.float32)).astype(jnp.int32)
@@ -241,25 +300,9 @@ def pdpgd(logits_fn: LogitsFn, params, images, labels, mask, *, num_steps: int =
         r = state.perturbation + adam_scales[i] * (exp_avg / denominator)
         r = jnp.clip(images + r, 0.0, 1.0) - images
 
-        # Proximal Adam (arXiv 1910.10094) for the distance term.
-        psi = jnp.max(denominator.reshape(batch, -1), axis=1)
-        effective_lr = step_sizes[i] / psi
-        weight_sum = aux["weight_sum"]
-        prox_weight = ((1.0 - weight_sum) / weight_sum) * effective_lr
-        scaled_metric = denominator / batch_view(psi, 4)
-
-        def sub_iteration(_, carry):
-            z, error, iterations = carry
-            running = error > prox_threshold
-            z_new = prox_linf(z - scaled_metric * (z - r), prox_weight, l1_method)
-            z_new = jnp.clip(images + z_new, 0.0, 1.0) - images
-            z_next = jnp.where(batch_view(running, 4), z_new, z)
-            error = (jnp.sqrt(jnp.sum(jnp.square(z_next - z).reshape(batch, -1), axis=1))
-                     / jnp.sqrt(jnp.sum(jnp.square(z_next).reshape(batch, -1), axis=1)))
-            return z_next, error, iterations + running.astype(jnp.int32)
-
-        z, _, iterations = lax.fori_loop(0, proximal_steps, sub_iteration,
-                                         (r, jnp.ones(batch, jnp.float32), state.prox_iterations))
+        z, iterations = _proximal_distance_step(images, r, denominator, step_sizes[i], aux["weight_sum"],
+                                                state.prox_iterations, proximal_steps=proximal_steps,
+                                                prox_threshold=prox_threshold, l1_method=l1_method)
 
         log_weights = jnp.clip(state.log_weights + dual_steps[i] * aux["dual_grad"], log_min, -log_min)
         log_weights = jnp.where(mask, log_weights, -jnp.inf)
@@ -267,14 +310,7 @@ def pdpgd(logits_fn: LogitsFn, params, images, labels, mask, *, num_steps: int =
                            weights_ema=aux["weights_ema"], best_dist=best_dist, best_fraction=best_fraction,
                            found=found, output=output, prox_iterations=iterations)
 
-    initial_log = -jnp.log(mask_count.astype(jnp.float32) * jnp.float32(dual_ratio_init))
-    log_weights = jnp.where(mask, batch_view(initial_log, 3), -jnp.inf)
-    initial = _PdpgdState(
-        perturbation=jnp.zeros_like(images), exp_avg=jnp.zeros_like(images), exp_avg_sq=jnp.zeros_like(images),
-        log_weights=log_weights, weights_ema=softmax_plus_one(log_weights),
-        best_dist=jnp.full(batch, jnp.inf, jnp.float32), best_fraction=jnp.zeros(batch, jnp.float32),
-        found=jnp.zeros(batch, bool), output=images, prox_iterations=jnp.zeros(batch, jnp.int32))
-    final = lax.fori_loop(0, num_steps, body, initial)
+    final = lax.fori_loop(0, num_steps, body, _initial_state(images, mask, mask_count, dual_ratio_init))
     output = final.output if epsilon is None else clip_to_ball(final.output, images, check_positive(epsilon, "epsilon"))
     count = jnp.full(batch, num_steps, jnp.int32)
     info = {"success": final.found, "best_linf": jnp.where(final.found, final.best_dist, jnp.inf),

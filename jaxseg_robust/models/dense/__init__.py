@@ -29,21 +29,11 @@ __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DenseModel", "MaskLogitModel", "bin
 
 
 def load_converted(model_dir: str | os.PathLike):
-    """Loads a converted dense model directory (family "u2netp", "deeplabv3", "semseg" or "upernet").
+    """Loads a converted dense model directory: `jaxseg_robust.models.zoo.load_dense` (the one loader).
 
     Returns:
       (model: DenseModel, variables: nested dict of numpy float32 arrays).
-
-    Raises:
-      jaxseg_robust.models.store.StoreError: missing/damaged directory or an unknown family.
     """
-    from jaxseg_robust.models.dense import deeplabv3, semseg, u2net, upernet  # noqa: PLC0415
-    from jaxseg_robust.models import store  # noqa: PLC0415
+    from jaxseg_robust.models import zoo  # noqa: PLC0415
 
-    family = store.read_meta(model_dir)["family"]
-    loaders = {u2net.FAMILY: u2net.load_converted, deeplabv3.FAMILY: deeplabv3.load_converted,
-               semseg.FAMILY: semseg.load_converted, upernet.FAMILY: upernet.load_converted}
-    if family not in loaders:
-        raise store.StoreError(f"{model_dir} holds a '{family}' model, which is not a dense "
-                               f"model (expected one of {sorted(loaders)})")
-    return loaders[family](model_dir)
+    return zoo.load_dense(model_dir)

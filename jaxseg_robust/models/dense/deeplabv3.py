@@ -28,7 +28,6 @@ for the torchvision key mapping.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -289,23 +288,3 @@ class DeepLabV3Dense(ConfiguredDense):
         x, aux = self._init_args()
         return dict(jax.eval_shape(lambda k, i: self.network.init(k, i, aux),
                                    jax.random.key(0), x))
-
-
-def load_converted(model_dir: str | os.PathLike) -> tuple[DeepLabV3Dense, dict]:
-    """Loads a directory written by ``ports.dense.port_deeplabv3`` (no torch needed).
-
-    Returns:
-      (model, variables ``{"params", "batch_stats"}`` of numpy float32 arrays).
-
-    Raises:
-      jaxseg_robust.models.store.StoreError: missing/damaged directory, another family, or
-        variables that do not match the stored config.
-    """
-    from jaxseg_robust.models import store  # noqa: PLC0415
-
-    variables, meta = store.load(model_dir)
-    if meta["family"] != FAMILY:
-        raise store.StoreError(f"{model_dir} holds a '{meta['family']}' model, not {FAMILY}")
-    model = DeepLabV3Dense(DeepLabV3Config.from_dict(meta["config"]))
-    store.check_tree(variables, model.variable_shapes(), what=os.fspath(model_dir))
-    return model, variables

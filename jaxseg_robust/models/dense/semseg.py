@@ -44,7 +44,6 @@ Variables ``{"params", "batch_stats"}``; the checkpoint key table is
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -321,23 +320,3 @@ class SemsegDense(ConfiguredDense):
     def variable_shapes(self) -> dict:
         """ShapeDtypeStruct tree of the variables (every head of the config)."""
         return network_variable_shapes(Semseg, self.config, (33, 33))
-
-
-def load_converted(model_dir: str | os.PathLike) -> tuple[SemsegDense, dict]:
-    """Loads a directory written by ``python -m ports semseg`` (no torch needed).
-
-    Returns:
-      (model, variables ``{"params", "batch_stats"}`` of numpy float32 arrays).
-
-    Raises:
-      jaxseg_robust.models.store.StoreError: missing/damaged directory, another family, or
-        variables that do not match the stored config.
-    """
-    from jaxseg_robust.models import store  # noqa: PLC0415
-
-    variables, meta = store.load(model_dir)
-    if meta["family"] != FAMILY:
-        raise store.StoreError(f"{model_dir} holds a '{meta['family']}' model, not {FAMILY}")
-    model = SemsegDense(SemsegConfig.from_dict(meta["config"]))
-    store.check_tree(variables, model.variable_shapes(), what=os.fspath(model_dir))
-    return model, variables

@@ -46,7 +46,6 @@ rembg (``SimpleSession.predict``) and where it does not:
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -332,23 +331,3 @@ class U2NetDense:
     def variable_shapes(self) -> dict:
         """ShapeDtypeStruct tree of the variables, without computing anything."""
         return dict(jax.eval_shape(self.network.init, jax.random.key(0), self._example()))
-
-
-def load_converted(model_dir: str | os.PathLike) -> tuple[U2NetDense, dict]:
-    """Loads a directory written by ``ports.dense.port_u2netp`` (no onnx needed).
-
-    Returns:
-      (model, variables ``{"params": ...}`` of numpy float32 arrays).
-
-    Raises:
-      jaxseg_robust.models.store.StoreError: missing/damaged directory, another family, or
-        variables that do not match the stored config.
-    """
-    from jaxseg_robust.models import store  # noqa: PLC0415
-
-    variables, meta = store.load(model_dir)
-    if meta["family"] != FAMILY:
-        raise store.StoreError(f"{model_dir} holds a '{meta['family']}' model, not {FAMILY}")
-    model = U2NetDense(U2NetConfig.from_dict(meta["config"]))
-    store.check_tree(variables, model.variable_shapes(), what=os.fspath(model_dir))
-    return model, variables

@@ -36,7 +36,6 @@ Variables ``{"params", "batch_stats"}``; key table ``ports.upernet.upernet_rules
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -284,20 +283,3 @@ class UperNetDense(ConfiguredDense):
     def variable_shapes(self) -> dict:
         """ShapeDtypeStruct tree of the variables (auxiliary head included if configured)."""
         return network_variable_shapes(UperNet, self.config, (64, 64))
-
-
-def load_converted(model_dir: str | os.PathLike) -> tuple[UperNetDense, dict]:
-    """Loads a directory written by ``python -m ports upernet`` (no torch needed).
-
-    Raises:
-      jaxseg_robust.models.store.StoreError: missing/damaged directory, another family, or
-        variables that do not match the stored config.
-    """
-    from jaxseg_robust.models import store  # noqa: PLC0415
-
-    variables, meta = store.load(model_dir)
-    if meta["family"] != FAMILY:
-        raise store.StoreError(f"{model_dir} holds a '{meta['family']}' model, not {FAMILY}")
-    model = UperNetDense(UperNetConfig.from_dict(meta["config"]))
-    store.check_tree(variables, model.variable_shapes(), what=os.fspath(model_dir))
-    return model, variables
