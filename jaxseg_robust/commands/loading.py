@@ -94,11 +94,12 @@ def load_model_of(args, mesh=None) -> LoadedModel:
 
 def refuse_click_only(model: LoadedModel, what: str) -> None:
     """CommandError (exit 2) naming the model and the reason when ``what`` needs box prompts and the
-    model's family takes clicks only (`jaxseg_robust.models.base.takes_boxes`)."""
-    from jaxseg_robust.models.base import takes_boxes  # noqa: PLC0415
+    model's family takes clicks only (`jaxseg_robust.models.base.FamilyRules.accepts_boxes`)."""
+    from jaxseg_robust.models.base import family_rules  # noqa: PLC0415
 
-    if not takes_boxes(model.segmenter):
-        family = getattr(getattr(model.segmenter, "config", None), "family", type(model.segmenter).__name__)
+    rules = family_rules(model.segmenter)
+    if not rules.accepts_boxes:
+        family = rules.family
         raise CommandError(f"--model {model.name}: {what} needs box prompts, and the {family} family takes "
                            "clicks only (click-map models have no box input); use tetris, grid --kind click "
                            "or rclicks")
