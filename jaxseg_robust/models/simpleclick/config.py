@@ -134,7 +134,7 @@ class SimpleClickConfig:
         if unknown:
             raise ValueError(f"unknown SimpleClick config key(s) {unknown}; known: {sorted(names)}")
         if "cfr_icl" not in data:
-            raise ValueError("the SimpleClick config has no 'cfr_icl' key (converted before the port recorded "
+            raise ValueError("the SimpleClick config.json has no 'cfr_icl' key (converted before the port recorded "
                              "CFR-ICL weights): convert the checkpoint again with python -m ports simpleclick "
                              "(with --cfr-icl for CFR-ICL weights)")
         return cls(**data)
