@@ -37,6 +37,7 @@ from jaxseg_robust.models.base import (
     click_step_hw,
     differentiable,
     evaluation_multimask,
+    family_rules,
     resets_feedback,
     takes_boxes,
     with_predictor,
@@ -292,3 +293,27 @@ def test_cfr_icl_through_the_library_builder_and_the_tetris_cli_gives_the_same_r
         for field in ("iou", "biou", "is_positive"):
             np.testing.assert_array_equal(np.asarray(outputs[field])[0], record[field], err_msg=field)
         np.testing.assert_array_equal(np.asarray(outputs["clicks_xy"])[0], record["clicks_xy"])
+
+
+@pytest.mark.parametrize("flags, family", [(["--cfr-icl"], "cfr_icl"), ([], "simpleclick")])
+def test_the_simpleclick_port_records_cfr_icl_under_any_file_name(tmp_path, monkeypatch, flags, family):
+    """``python -m ports simpleclick --cfr-icl`` writes ``cfr_icl`` into the converted config.json: a
+    checkpoint named neutrally gets the cascade, and without the flag SimpleClick's predictor. Reading
+    and converting the torch checkpoint are stubbed with the tiny model's parameters (their key tables
+    are tested with the authors' code in test_click_models_parity.py)."""
+    import ports.simpleclick as port  # noqa: PLC0415
+    from ports.__main__ import main as ports_main  # noqa: PLC0415
+
+    tiny = zoo.get("simpleclick_tiny").config
+    params = zoo.init("simpleclick_tiny", jax.random.key(4)).params
+    monkeypatch.setattr(port, "load_isegm_checkpoint", lambda path: ({"state": path}, {"config": path}))
+    monkeypatch.setattr(port, "config_from_checkpoint", lambda raw, *, what: tiny)
+    monkeypatch.setattr(port, "convert_simpleclick", lambda state, config, *, what: params)
+    checkpoint, out = tmp_path / "weights.pth", tmp_path / "model"
+    checkpoint.write_bytes(b"stands for the torch file")
+    assert ports_main(["simpleclick", *flags, "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["config"]["cfr_icl"] is (family == "cfr_icl")
+    segmenter, _, _ = zoo.load_params(out)
+    assert family_rules(segmenter).family == family
+    assert (with_predictor(segmenter, True).evaluation.cascade is not None) is (family == "cfr_icl")
