@@ -27,9 +27,12 @@ Conventions of this family (the Segmenter contract's family-specific parts):
 * ``evaluation``: the authors' evaluation machinery (`IsegmOptions`: zoom-in,
   flip averaging, CFR-ICL's cascade) for interactive protocols. When set, the
   segmenter owns an `IsegmState` between rounds (``interactive_state`` /
-  ``interactive_predict``, the optional members of the Segmenter contract that
+  ``interactive_predict``, its `models.base.InteractivePredictor` members that
   `jaxseg_robust.models.base.interactive_step` calls), and with a zoom-in its
-  ``frame_policy`` is ``"any"`` for those protocols. ``decode`` itself is
+  ``frame_policy`` is ``"any"`` for those protocols.
+* ``rules``: the family's `models.base.FamilyRules`, computed from the fields
+  (``family`` "ritm", "simpleclick" or, where the converted config says
+  ``cfr_icl``, "cfr_icl"; docs/ARCHITECTURE.md, "The Segmenter seam"). ``decode`` itself is
   unchanged (the network on the whole frame). None (default): protocols feed
   ``feedback`` back through ``decode`` as before.
 * clicks: (x, y) pixels of the original image, rendered with isegm's hard
