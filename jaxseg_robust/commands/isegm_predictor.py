@@ -18,13 +18,13 @@ from jaxseg_robust.commands.flags import CommandError
 from jaxseg_robust.models.base import family_rules, predictor_view, with_predictor
 
 
-def with_authors_predictor(args, model, instances, protocol="rclicks", command: str = "RClicks"):
+def with_authors_predictor(args, model, instances, options_of="rclicks", command: str = "RClicks"):
     """``model`` with the authors' predictor for a click-map model, and its settings.
 
     Args:
       args: the parsed flags (``--isegm authors|off``).
       model: the `LoadedModel`; instances: the run's instances (their datasets pick the zoom size).
-      protocol: whose authors' options: "tetris" (docs/protocols/tetris.md "Families") or "rclicks"
+      options_of: whose authors' options, a protocol: "tetris" (docs/protocols/tetris.md "Families") or "rclicks"
         (docs/protocols/rclicks.md §5.5). A callable ``(family, dataset) -> IsegmOptions`` (what
         ``commands/rclicks.py`` passes) is also taken, called with the family the model declares
         (`FamilyRules.family`, CFR-ICL included) and set as the click-map segmenter's ``evaluation``.
@@ -49,9 +49,9 @@ def with_authors_predictor(args, model, instances, protocol="rclicks", command: 
                            "in its own --out (or pass --isegm off)")
     dataset = "DAVIS" if True in davis else None
     family = family_rules(model.segmenter).family
-    if callable(protocol):
-        segmenter = dataclasses.replace(without, evaluation=protocol(family, dataset))
+    if callable(options_of):
+        segmenter = dataclasses.replace(without, evaluation=options_of(family, dataset))
     else:
-        segmenter = with_predictor(without, True, dataset, protocol)
+        segmenter = with_predictor(without, True, dataset, options_of)
     options = predictor_view(segmenter).options
     return dataclasses.replace(model, segmenter=segmenter), {"family": family, **dataclasses.asdict(options)}
