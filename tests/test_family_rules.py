@@ -317,3 +317,19 @@ def test_the_simpleclick_port_records_cfr_icl_under_any_file_name(tmp_path, monk
     segmenter, _, _ = zoo.load_params(out)
     assert family_rules(segmenter).family == family
     assert (with_predictor(segmenter, True).evaluation.cascade is not None) is (family == "cfr_icl")
+
+
+def test_the_batch_program_runs_an_exact_frame_family_in_exact_frames(ritm):
+    """``FamilyRules.frame_policy``: a click-map network on the whole frame sees the padding, so the batch
+    program keeps every image in its own frame; through the zoom-in (or for SAM) the requested policy holds."""
+    from jaxseg_robust.data.buckets import ExactFrame, RoundUpFrame  # noqa: PLC0415
+    from jaxseg_robust.runner.program import family_frame_policy  # noqa: PLC0415
+
+    requested = RoundUpFrame(16)
+    sam = SamSegmenter(zoo.get("sam_tiny").config)
+    assert family_rules(ritm.segmenter).frame_policy == "exact"
+    assert isinstance(family_frame_policy(ritm.segmenter, requested), ExactFrame)
+    assert family_frame_policy(with_predictor(ritm.segmenter, True), requested) is requested
+    assert family_frame_policy(sam, requested) is requested
+    program = make_click_batch_fn(ritm.segmenter, ritm.params, mode="baseline", n_clicks=2, predictor="off")
+    assert isinstance(program.frame_policy(requested), ExactFrame)

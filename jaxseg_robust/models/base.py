@@ -19,6 +19,10 @@ features, plus the family's interactive state:
 Protocols build no model-specific state: between clicks they pass
 ``feedback(previous prediction)`` as ``Prompts.mask_logits`` (SAM: the
 selected low-res logits; a click-map model: its previous logits at the frame).
+Where the authors' code treats a family differently, the family declares it:
+its segmenter subclasses `SegmenterBase` (the SAM family's defaults), states a
+`FamilyRules` and overrides the `InteractivePredictor` members it owns;
+protocols read them through the functions below, never by probing.
 Parameters are explicit pytrees handed to these functions; a model object
 carries only its static configuration (frozen and hashable), so it can be
 closed over by `jit` without baking weights in as constants. See

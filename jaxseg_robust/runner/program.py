@@ -399,7 +399,6 @@ class ProgramBatch(BatchInFlight):
         return outputs
 
 
-@functools.lru_cache(maxsize=32)
 def family_frame_policy(segmenter, requested: FramePolicy) -> FramePolicy:
     """The frame policy a batch program runs ``segmenter`` under: ``requested``, or every image in its
     own frame (`ExactFrame`) where the family's network sees the padded frame (``FamilyRules.frame_policy``
@@ -409,6 +408,7 @@ def family_frame_policy(segmenter, requested: FramePolicy) -> FramePolicy:
     return requested
 
 
+@functools.lru_cache(maxsize=32)
 def device_program(segmenter, protocol) -> DeviceProgram:
     """The process-wide `DeviceProgram` of a (segmenter, protocol) pair (both hashable, static)."""
     return DeviceProgram(segmenter, protocol)
