@@ -23,6 +23,7 @@ classifier, and the head's ``up_conv1``/``up_conv2``, built but unused with
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from ports.isegm_checkpoint import (
@@ -142,13 +143,18 @@ def convert_simpleclick(state_dict, config, *, what: str = "checkpoint") -> dict
 
 
 def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
-                    overwrite: bool = False) -> str:
-    """Reads, converts and saves an official SimpleClick / CFR-ICL checkpoint; returns the directory."""
+                    cfr_icl: bool = False, overwrite: bool = False) -> str:
+    """Reads, converts and saves an official SimpleClick / CFR-ICL checkpoint; returns the directory.
+
+    ``cfr_icl``: the weights are CFR-ICL's (its checkpoint holds the same ``PlainVitModel`` as
+    SimpleClick's); recorded as ``cfr_icl`` in the converted config.json, whatever the file names,
+    so the authors' predictor runs them with CFR-ICL's cascade (docs/models/click_models.md).
+    """
     from jaxseg_robust.models import store  # noqa: PLC0415
 
     checkpoint = os.fspath(checkpoint)
     state_dict, raw_config = load_isegm_checkpoint(checkpoint)
-    config = config_from_checkpoint(raw_config, what=checkpoint)
+    config = dataclasses.replace(config_from_checkpoint(raw_config, what=checkpoint), cfr_icl=bool(cfr_icl))
     params = convert_simpleclick(state_dict, config, what=checkpoint)
     return store.save(out_dir, params, family=config.family, variant=config.variant,
                       config=config.to_dict(), source_path=checkpoint, overwrite=overwrite)
@@ -158,10 +164,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``python -m ports simpleclick``."""
     parser.add_argument("--checkpoint", required=True,
                         help="official SimpleClick or CFR-ICL .pth checkpoint (isegm format)")
+    parser.add_argument("--cfr-icl", action="store_true",
+                        help="the checkpoint holds CFR-ICL weights (e.g. cocolvis_icl_vit_huge.pth): recorded in "
+                             "the converted config, the authors' predictor then adds CFR-ICL's cascade")
     add_output_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the port; prints where the model went. Returns an exit code."""
-    out = port_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
+    out = port_checkpoint(args.checkpoint, args.out, cfr_icl=args.cfr_icl, overwrite=args.overwrite)
     return report_converted(args.checkpoint, out)

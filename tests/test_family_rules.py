@@ -31,11 +31,13 @@ from jaxseg_robust.clicksim.evaluation import RClicksConfig, family_settings
 from jaxseg_robust.data.buckets import pad_batch
 from jaxseg_robust.data.instances import make_instance
 from jaxseg_robust.models import store, zoo
+from jaxseg_robust.models.clickmap.isegm import CascadeConfig
 from jaxseg_robust.models.base import (
     Transform,
     click_step_hw,
     differentiable,
     evaluation_multimask,
+    family_rules,
     resets_feedback,
     takes_boxes,
     with_predictor,
@@ -220,3 +222,114 @@ def test_decoding_a_click_map_model_is_unchanged_by_the_rules(ritm):
     """The family rules change what the protocols ask of the model, never its plain decode."""
     soft = differentiable(ritm.segmenter)
     assert dataclasses.replace(soft, click_encoding="hard") == ritm.segmenter
+
+
+# ---- CFR-ICL: the variant is the converted model's, whatever the file names ------------------------
+
+@pytest.fixture(scope="module")
+def cfr_icl_workspace(workspace):
+    """A CFR-ICL model directory under a neutral name (tiny SimpleClick weights, ``cfr_icl`` in its
+    config.json) beside the workspace's folder of two instances."""
+    root, _, data = workspace
+    config = dataclasses.replace(zoo.get("simpleclick_tiny").config, cfr_icl=True)
+    params = zoo.init("simpleclick_tiny", jax.random.key(2)).params
+    directory = store.save(root / "converted_model", params, family="simpleclick", variant="vit_h",
+                           config=config.to_dict())
+    return root, directory, data
+
+
+def _folder_instances(root):
+    images = sorted((root / "toy" / "images").glob("*.png"))
+    return [make_instance(path.stem, np.asarray(Image.open(path).convert("RGB")),
+                          (np.asarray(Image.open(root / "toy" / "masks" / path.name)) > 128).astype(np.int8),
+                          dataset="toy") for path in images]
+
+
+def test_a_converted_cfr_icl_model_declares_its_family_whatever_its_name(cfr_icl_workspace):
+    _, directory, _ = cfr_icl_workspace
+    segmenter, _, meta = zoo.load_params(directory)
+    assert meta["config"]["cfr_icl"] is True and segmenter.predictor_family == "cfr_icl"
+    assert segmenter.rules.family == "cfr_icl" and not segmenter.rules.accepts_boxes
+    authors = with_predictor(segmenter, True)
+    assert authors.evaluation.cascade is not None and authors.rules.click_step_hw == (448, 448)
+    assert with_predictor(segmenter, True, protocol="rclicks").evaluation.cascade.steps == 2
+    plain = dataclasses.replace(segmenter, config=dataclasses.replace(segmenter.config, cfr_icl=False))
+    assert plain.rules.family == "simpleclick" and with_predictor(plain, True).evaluation.cascade is None
+
+
+def test_a_simpleclick_config_json_without_the_cfr_icl_key_is_refused_in_one_line(workspace, capsys):
+    """A conversion older than the key cannot say whether its weights are CFR-ICL's: the CLI refuses it
+    (exit code 2) with one line naming the directory and how to convert it again."""
+    root, _, data = workspace
+    config = zoo.get("simpleclick_tiny").config.to_dict()
+    del config["cfr_icl"]
+    old = store.save(root / "old_conversion", zoo.init("simpleclick_tiny", jax.random.key(3)).params,
+                     family="simpleclick", variant="tiny", config=config)
+    code, _, stderr = run_captured(["tetris", "--mode", "baseline", "--n-clicks", "2", "--model", str(old), *data,
+                                    "--out", str(root / "old_run")])
+    assert code == 2
+    (line,) = [line for line in stderr.splitlines() if "error" in line]
+    assert str(old) in line and "'cfr_icl'" in line and "python -m ports simpleclick" in line
+
+
+@pytest.mark.slow  # the SimpleClick predictor program (zoom-in 448, flip, cascade) compiles once, ~1 min
+def test_cfr_icl_through_the_library_builder_and_the_tetris_cli_gives_the_same_records(cfr_icl_workspace):
+    root, directory, data = cfr_icl_workspace
+    out = root / "cfr_icl_tetris"
+    code, _, stderr = run_captured(["tetris", "--mode", "baseline", "--n-clicks", "2", "--batch-size", "1",
+                                    "--model", str(directory), *data, "--out", str(out)])
+    assert code == 0, stderr
+    isegm = _settings(out)["isegm"]
+    assert isegm["family"] == "cfr_icl" and (isegm["cascade"]["steps"], isegm["cascade"]["adaptive"]) == (5, True)
+    cli_records = {record["id"]: record["payload"]["baseline"] for record in _ok_records(out)}
+
+    segmenter, params, _ = zoo.load_params(directory)
+    program = make_click_batch_fn(segmenter, params, mode="baseline", n_clicks=2)
+    assert program.segmenter.evaluation.cascade == CascadeConfig()  # the library builder runs the cascade too
+    for instance in _folder_instances(root):
+        batch = pad_batch([instance], tuple(np.shape(instance.gt)), 1)
+        outputs = jax.device_get(program(batch))
+        record = cli_records[instance.id]
+        for field in ("iou", "biou", "is_positive"):
+            np.testing.assert_array_equal(np.asarray(outputs[field])[0], record[field], err_msg=field)
+        np.testing.assert_array_equal(np.asarray(outputs["clicks_xy"])[0], record["clicks_xy"])
+
+
+@pytest.mark.parametrize("flags, family", [(["--cfr-icl"], "cfr_icl"), ([], "simpleclick")])
+def test_the_simpleclick_port_records_cfr_icl_under_any_file_name(tmp_path, monkeypatch, flags, family):
+    """``python -m ports simpleclick --cfr-icl`` writes ``cfr_icl`` into the converted config.json: a
+    checkpoint named neutrally gets the cascade, and without the flag SimpleClick's predictor. Reading
+    and converting the torch checkpoint are stubbed with the tiny model's parameters (their key tables
+    are tested with the authors' code in test_click_models_parity.py)."""
+    import ports.simpleclick as port  # noqa: PLC0415
+    from ports.__main__ import main as ports_main  # noqa: PLC0415
+
+    tiny = zoo.get("simpleclick_tiny").config
+    params = zoo.init("simpleclick_tiny", jax.random.key(4)).params
+    monkeypatch.setattr(port, "load_isegm_checkpoint", lambda path: ({"state": path}, {"config": path}))
+    monkeypatch.setattr(port, "config_from_checkpoint", lambda raw, *, what: tiny)
+    monkeypatch.setattr(port, "convert_simpleclick", lambda state, config, *, what: params)
+    checkpoint, out = tmp_path / "weights.pth", tmp_path / "model"
+    checkpoint.write_bytes(b"stands for the torch file")
+    assert ports_main(["simpleclick", *flags, "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["config"]["cfr_icl"] is (family == "cfr_icl")
+    segmenter, _, _ = zoo.load_params(out)
+    assert family_rules(segmenter).family == family
+    assert (with_predictor(segmenter, True).evaluation.cascade is not None) is (family == "cfr_icl")
+
+
+def test_the_batch_program_runs_an_exact_frame_family_in_exact_frames(ritm):
+    """``FamilyRules.frame_policy``: a click-map network on the whole frame sees the padding, so the batch
+    program keeps every image in its own frame; through the zoom-in (or for SAM) the requested policy holds."""
+    from jaxseg_robust.data.buckets import ExactFrame, RoundUpFrame  # noqa: PLC0415
+    from jaxseg_robust.runner.program import family_frame_policy  # noqa: PLC0415
+
+    requested = RoundUpFrame(16)
+    sam = SamSegmenter(zoo.get("sam_tiny").config)
+    assert family_rules(ritm.segmenter).frame_policy == "exact"
+    assert isinstance(family_frame_policy(ritm.segmenter, requested), ExactFrame)
+    assert family_frame_policy(with_predictor(ritm.segmenter, True), requested) is requested
+    assert family_frame_policy(sam, requested) is requested
+    program = make_click_batch_fn(ritm.segmenter, ritm.params, mode="baseline", n_clicks=2, predictor="off")
+    assert isinstance(program.frame_policy(requested), ExactFrame)

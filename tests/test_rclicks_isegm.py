@@ -30,7 +30,7 @@ from jaxseg_robust.clicksim.evaluation import RClicksConfig, make_rclicks_batch_
 from jaxseg_robust.data.buckets import pad_batch
 from jaxseg_robust.data.instances import make_instance
 from jaxseg_robust.metrics.masks import mask_iou
-from jaxseg_robust.models.base import initial_state
+from jaxseg_robust.models.base import SegmenterBase, initial_state
 from jaxseg_robust.models.clickmap import isegm
 from jaxseg_robust.models.clickmap.encoding import coord_features
 from jaxseg_robust.models.clickmap.isegm import CascadeConfig, IsegmOptions, IsegmState, predict_click
@@ -58,7 +58,7 @@ USER_CLICKS = {("toy", "im0"): np.array([[20, 20], [18, 22]]), ("toy", "im1"): n
 
 
 @dataclasses.dataclass(frozen=True)
-class IsegmTestModel(SmallClickModel):
+class IsegmTestModel(SmallClickModel, SegmenterBase):
     """tests/clickmap_model.py's network with the authors' predictor (see the module docstring)."""
 
     click_gain: float = 6.0
@@ -155,7 +155,8 @@ def test_clickmap_segmenter_evaluation_switches_state_and_frame_policy():
 
 def test_rclicks_command_gives_click_map_models_the_authors_predictor(tmp_path):
     """``jaxseg-robust rclicks`` (`commands.isegm_predictor.with_authors_predictor`): the RClicks options by family and
-    dataset, CFR-ICL recognised by name, ``--isegm off``, DAVIS mixed with others refused, SAM untouched."""
+    dataset, CFR-ICL from its config whatever the model's name, ``--isegm off``, DAVIS mixed with others
+    refused, SAM untouched."""
     import argparse  # noqa: PLC0415
 
     import pytest  # noqa: PLC0415
@@ -163,7 +164,6 @@ def test_rclicks_command_gives_click_map_models_the_authors_predictor(tmp_path):
     from jaxseg_robust.commands.flags import CommandError  # noqa: PLC0415
     from jaxseg_robust.commands.loading import LoadedModel  # noqa: PLC0415
     from jaxseg_robust.commands.isegm_predictor import with_authors_predictor  # noqa: PLC0415
-    from jaxseg_robust.models.clickmap.isegm import rclicks_options  # noqa: PLC0415
     from jaxseg_robust.models.simpleclick.config import TINY as SC_TINY  # noqa: PLC0415
 
     def loaded(segmenter, name):
@@ -174,18 +174,23 @@ def test_rclicks_command_gives_click_map_models_the_authors_predictor(tmp_path):
 
     args = argparse.Namespace(isegm="authors", model="ritm_tiny")
     model, settings = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"),
-                                             rclicks_options)
+                                             "rclicks")
     assert model.segmenter.evaluation == isegm.rclicks_options("ritm") and settings["family"] == "ritm"
-    model, _ = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS"), rclicks_options)
+    model, _ = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS"), "rclicks")
     assert model.segmenter.evaluation.zoom_in.target_hw == (600, 600)
-    args_cfr = argparse.Namespace(isegm="authors", model="cfr_icl_vit_h")
-    model, settings = with_authors_predictor(args_cfr, loaded(ClickMapSegmenter(SC_TINY), "cfr_icl_vit_h"),
-                                             instances("GrabCut"), rclicks_options)
+    args_cfr = argparse.Namespace(isegm="authors", model="/models/neutral")
+    cfr_icl = ClickMapSegmenter(dataclasses.replace(SC_TINY, cfr_icl=True))
+    model, settings = with_authors_predictor(args_cfr, loaded(cfr_icl, "/models/neutral"), instances("GrabCut"),
+                                             "rclicks")
     assert settings["family"] == "cfr_icl" and model.segmenter.evaluation.cascade.steps == 2
+    args_sc = argparse.Namespace(isegm="authors", model="/models/cfr_icl_named")  # a name says nothing
+    model, settings = with_authors_predictor(args_sc, loaded(ClickMapSegmenter(SC_TINY), "/models/cfr_icl_named"),
+                                             instances("GrabCut"), "rclicks")
+    assert settings["family"] == "simpleclick" and model.segmenter.evaluation.cascade is None
     with pytest.raises(CommandError, match="DAVIS"):
-        with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS", "GrabCut"), rclicks_options)
+        with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS", "GrabCut"), "rclicks")
     off = argparse.Namespace(isegm="off", model="ritm_tiny")
-    model, settings = with_authors_predictor(off, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"), rclicks_options)
+    model, settings = with_authors_predictor(off, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"), "rclicks")
     assert model.segmenter.evaluation is None and settings is None
     sam_like = loaded(SmallClickModel(), "sam_tiny")  # a segmenter without `evaluation` is left as it is
-    assert with_authors_predictor(args, sam_like, instances("DAVIS", "GrabCut"), rclicks_options) == (sam_like, None)
+    assert with_authors_predictor(args, sam_like, instances("DAVIS", "GrabCut"), "rclicks") == (sam_like, None)

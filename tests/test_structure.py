@@ -236,3 +236,44 @@ def test_the_layer_check_sees_an_upward_string_import():
     tree = ast.parse('REGISTRATIONS = ("jaxseg_robust.clicksim.click_models",)\n')
     (line, name), = string_imports_of(tree)
     assert layer_of(name) > layer_of("jaxseg_robust.models.zoo") and line == 1
+
+
+SEAM_MODULES = {"jaxseg_robust.models", "jaxseg_robust.models.base", "jaxseg_robust.models.zoo",
+                "jaxseg_robust.models.store"}
+
+
+def family_imports_of(tree: ast.AST, module: str) -> list[tuple[int, str]]:
+    """(line, module) of every import of a model family's own module (anything under models/ but the seam)."""
+    return [(line, name) for line, name in imports_of(tree, module)
+            if name.startswith("jaxseg_robust.models") and name not in SEAM_MODULES]
+
+
+def segmenter_probes_of(tree: ast.AST) -> list[int]:
+    """Lines of ``getattr`` / ``hasattr`` calls whose first argument names a segmenter or a model."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+                and node.args and re.search(r"segmenter|model\b", ast.unparse(node.args[0])):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_shell_reaches_families_only_through_the_seam():
+    # Family differences are declared in models/base.py's FamilyRules and SegmenterBase (docs/ARCHITECTURE.md):
+    # the shell imports no family module and nothing outside models/base.py probes a segmenter's attributes.
+    family_imports, probes = [], []
+    for path in library_modules():
+        module, tree = dotted(path), ast.parse(path.read_text())
+        if module.split(".")[1] in SHELL:
+            family_imports += [f"{module}:{line} imports {name}" for line, name in family_imports_of(tree, module)]
+        if module != "jaxseg_robust.models.base":
+            probes += [f"{module}:{line}" for line in segmenter_probes_of(tree)]
+    assert not family_imports, "\n".join(family_imports)
+    assert not probes, "getattr/hasattr on a segmenter outside models/base.py:\n" + "\n".join(probes)
+
+
+def test_the_seam_check_sees_family_imports_and_probes():
+    tree = ast.parse("from jaxseg_robust.models.clickmap.isegm import x\nfrom jaxseg_robust.models.base import y\n"
+                     "a = getattr(model.segmenter, 'frame_policy', None)\nb = hasattr(self, 'name')\n")
+    assert family_imports_of(tree, "jaxseg_robust.commands.x") == [(1, "jaxseg_robust.models.clickmap.isegm")]
+    assert segmenter_probes_of(tree) == [3]

@@ -15,6 +15,7 @@ the flip average is mirror-symmetric; the cascade runs after acceptance; the
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ from jaxseg_robust.attacks.click_state import ClickState
 from jaxseg_robust.attacks.clicks import TetrisConfig, click_instance, click_setup, click_trajectory, tetris_min_max
 from jaxseg_robust.attacks.predictor_clicks import predictor_attempt
 from jaxseg_robust.metrics.masks import boundary_widths, mask_iou
+from jaxseg_robust.models.base import FamilyRules
 from jaxseg_robust.models.clickmap.attack_view import PredictorView
 from jaxseg_robust.models.clickmap.encoding import coord_features
 from jaxseg_robust.models.clickmap.isegm import CascadeConfig, IsegmOptions, IsegmState, predict_click
@@ -42,7 +44,7 @@ class SoftIsegmModel(IsegmTestModel):
     """The isegm test network with soft disks and the predictor view (see the module docstring)."""
 
     options: IsegmOptions = ZOOM
-    resets_feedback_on_two_slots = False
+    rules: ClassVar[FamilyRules] = FamilyRules(family="isegm test", resets_feedback_on_two_slots=False)
 
     def click_features(self, points, labels, prev):
         """[prev, positive, negative] soft disks f32[h, w, 3] on the grid of ``prev``."""

@@ -41,7 +41,7 @@ from jaxseg_robust.attacks.boxes import (
 )
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, boundary_width
 from jaxseg_robust.metrics.packed import REFERENCE_IOU_EPS, pack_target, packed_scores
-from jaxseg_robust.models.base import Transform, image_region, unit_scale
+from jaxseg_robust.models.base import Transform, has_resized_frame, image_region, unit_scale
 from jaxseg_robust.ops.boxes import complete_box_iou_loss
 from jaxseg_robust.ops.labels import IGNORE_LABEL
 from jaxseg_robust.ops.resize import longest_side_shape, resize_bilinear_antialias_host
@@ -153,11 +153,6 @@ def resized_reference_gt(target, model_size: int) -> np.ndarray:
     out = np.zeros((model_size, model_size), bool)
     out[:resized.shape[0], :resized.shape[1]] = resized
     return out
-
-
-def has_resized_frame(segmenter) -> bool:
-    """Whether the family has the resized-frame feature (``resized_logits``; the SAM family)."""
-    return callable(getattr(segmenter, "resized_logits", None))
 
 
 # ---- the protocol ---------------------------------------------------------------------

@@ -1,63 +1,53 @@
-"""Which of the authors' isegm predictors a click-map model runs under, chosen from the command's flags.
+"""``--isegm authors|off``: whether a click-map model runs under the authors' isegm predictor, from the flags.
 
 RClicks and TETRIS run RITM / SimpleClick / CFR-ICL through the authors'
-predictor (zoom-in, flip, CFR-ICL's cascade) unless ``--isegm off``; the
-family (CFR-ICL is a SimpleClick network whose checkpoint name says ICL) and
-the datasets (DAVIS zooms larger) pick the options
+predictor (zoom-in, flip, CFR-ICL's cascade) unless ``--isegm off``. Which
+options a family gets is the model's own choice
+(`jaxseg_robust.models.base.with_predictor`; the click-map models read their
+family, CFR-ICL included, from the converted model's config); this module maps
+the flags and the run's datasets (DAVIS zooms larger, one size per run) onto it
 (docs/models/click_models.md, docs/protocols/rclicks.md §5.5,
-docs/protocols/tetris.md "Families"). SAM-family models pass through unchanged.
+docs/protocols/tetris.md "Families"). Other families pass through unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import pathlib
 
 from jaxseg_robust.commands.flags import CommandError
+from jaxseg_robust.models.base import family_rules, predictor_view, with_predictor
 
 
-def _isegm_family(args, model) -> str:
-    """"cfr_icl" when ``--model`` or the converted checkpoint's file name says ICL, else the config's family."""
-    names = [str(args.model)]
-    config_file = pathlib.Path(model.source) / "config.json"
-    if config_file.is_file():
-        source = json.loads(config_file.read_text()).get("source") or {}
-        names.append(str(source.get("path", "")))
-    if any("icl" in pathlib.Path(name).name.lower() for name in names):
-        return "cfr_icl"
-    return model.segmenter.config.family
-
-
-def with_authors_predictor(args, model, instances, options_of, command: str = "RClicks"):
+def with_authors_predictor(args, model, instances, options_of="rclicks", command: str = "RClicks"):
     """``model`` with the authors' predictor for a click-map model, and its settings.
 
     Args:
-      args: the parsed flags (``--isegm authors|off``, ``--model``).
+      args: the parsed flags (``--isegm authors|off``).
       model: the `LoadedModel`; instances: the run's instances (their datasets pick the zoom size).
-      options_of: ``(family, dataset) -> IsegmOptions``: `isegm.rclicks_options` for RClicks
-        (docs/protocols/rclicks.md §5.5), `isegm.authors_options` for TETRIS
-        (docs/protocols/tetris.md "Families").
+      options_of: whose authors' options, a protocol: "tetris" (docs/protocols/tetris.md "Families") or "rclicks"
+        (docs/protocols/rclicks.md §5.5), for the family the model declares (`FamilyRules.family`,
+        CFR-ICL included).
       command: the protocol's name in the error message.
 
     Returns:
-      (the `LoadedModel`, JSON-able options or None when the model is not a click-map
-      model or ``--isegm off``).
+      (the `LoadedModel`, JSON-able options or None when the family has no authors' predictor or
+      ``--isegm off``).
 
     Raises:
       CommandError: the datasets need different zoom sizes (DAVIS with others).
     """
-    segmenter = model.segmenter
-    if args.isegm == "off" or not hasattr(segmenter, "evaluation"):
-        if hasattr(segmenter, "evaluation") and segmenter.evaluation is not None:
-            model = dataclasses.replace(model, segmenter=dataclasses.replace(segmenter, evaluation=None))
+    if not family_rules(model.segmenter).authors_predictor:
         return model, None
+    without = with_predictor(model.segmenter, False)
+    if args.isegm == "off":
+        return dataclasses.replace(model, segmenter=without), None
     davis = {instance.dataset.upper() == "DAVIS" for instance in instances}
     if len(davis) > 1:
         raise CommandError(f"the {command} authors zoom DAVIS to a larger size than the other datasets (RITM 600 "
                            "vs 400, SimpleClick / CFR-ICL 672 vs 448) and one run has one size: evaluate DAVIS "
                            "in its own --out (or pass --isegm off)")
-    family = _isegm_family(args, model)
-    options = options_of(family, "DAVIS" if True in davis else None)
-    model = dataclasses.replace(model, segmenter=dataclasses.replace(segmenter, evaluation=options))
-    return model, {"family": family, **dataclasses.asdict(options)}
+    dataset = "DAVIS" if True in davis else None
+    family = family_rules(model.segmenter).family
+    segmenter = with_predictor(without, True, dataset, options_of)
+    options = predictor_view(segmenter).options
+    return dataclasses.replace(model, segmenter=segmenter), {"family": family, **dataclasses.asdict(options)}

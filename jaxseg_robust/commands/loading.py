@@ -94,11 +94,12 @@ def load_model_of(args, mesh=None) -> LoadedModel:
 
 def refuse_click_only(model: LoadedModel, what: str) -> None:
     """CommandError (exit 2) naming the model and the reason when ``what`` needs box prompts and the
-    model's family takes clicks only (`jaxseg_robust.models.base.takes_boxes`)."""
-    from jaxseg_robust.models.base import takes_boxes  # noqa: PLC0415
+    model's family takes clicks only (`jaxseg_robust.models.base.FamilyRules.accepts_boxes`)."""
+    from jaxseg_robust.models.base import family_rules  # noqa: PLC0415
 
-    if not takes_boxes(model.segmenter):
-        family = getattr(getattr(model.segmenter, "config", None), "family", type(model.segmenter).__name__)
+    rules = family_rules(model.segmenter)
+    if not rules.accepts_boxes:
+        family = rules.family
         raise CommandError(f"--model {model.name}: {what} needs box prompts, and the {family} family takes "
                            "clicks only (click-map models have no box input); use tetris, grid --kind click "
                            "or rclicks")
@@ -118,9 +119,11 @@ def model_config(protocol: str, args, model: LoadedModel, **variant) -> dict:
     fingerprint: a converted model's path is recorded as "converted" (not the
     path), so a moved models folder still resumes; random weights as "random:<seed>".
     """
+    from jaxseg_robust.models.base import family_segmenter  # noqa: PLC0415
+
     source = model.source if model.source.startswith("random:") else "converted"
     return {"protocol": protocol, **variant, "model": model.name, "model_source": source,
-            "image_resize": getattr(model.segmenter, "image_resize", None), "compute_dtype": args.compute_dtype}
+            "image_resize": family_segmenter(model.segmenter).image_resize_path(), "compute_dtype": args.compute_dtype}
 
 
 # ---- instances ---------------------------------------------------------------------------

@@ -190,7 +190,6 @@ def _run(args) -> int:
     from jaxseg_robust.metrics.rclicks_benchmark import benchmark_by_dataset  # noqa: PLC0415
     from jaxseg_robust.reports.rclicks import to_csv, to_markdown  # noqa: PLC0415
     from jaxseg_robust.runner.records import read_run_records  # noqa: PLC0415
-    from jaxseg_robust.models.clickmap.isegm import rclicks_options  # noqa: PLC0415
     from jaxseg_robust.runner.sharding import data_mesh, replicate  # noqa: PLC0415
 
     if args.tetris_max_side is None:
@@ -198,8 +197,7 @@ def _run(args) -> int:
     instances = loading.load_instances(args)  # data and clicks first: their errors come before any model load
     user_clicks = _user_clicks(args, instances)
     mesh = data_mesh()
-    model, isegm = with_authors_predictor(args, loading.load_model_of(args, mesh=mesh), instances,
-                                          options_of=rclicks_options)
+    model, isegm = with_authors_predictor(args, loading.load_model_of(args, mesh=mesh), instances, options_of="rclicks")
     loaded = _load_click_model(args)
     try:
         slots = user_slot_count(len(c) for c in user_clicks.values()) if user_clicks else 0

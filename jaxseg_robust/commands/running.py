@@ -106,15 +106,15 @@ def run_protocol(args, *, instances: Sequence, batch_fn: Callable, config: Mappi
     from jaxseg_robust.runner.engine import RunAbortedError, run  # noqa: PLC0415
     from jaxseg_robust.runner.precision import CONFIG_KEY as PRECISION_KEY  # noqa: PLC0415
     from jaxseg_robust.runner.precision import matmul_precision  # noqa: PLC0415
+    from jaxseg_robust.runner.program import BatchProgram  # noqa: PLC0415
     from jaxseg_robust.runner.rundir import ManifestMismatchError, RunDirectoryBusyError  # noqa: PLC0415
 
-    policy = parse_frame_policy(args.frame) if getattr(args, "frame", None) else ExactFrame()
-    if (getattr(getattr(model, "segmenter", None), "frame_policy", None) == "exact"
-            and not isinstance(policy, ExactFrame)):
+    requested = parse_frame_policy(args.frame) if getattr(args, "frame", None) else ExactFrame()
+    policy = batch_fn.frame_policy(requested) if isinstance(batch_fn, BatchProgram) else requested
+    if policy is not requested:
         # the network sees the frame itself (click-map models): padding would change its outputs
         print(f"note: --model {model.name} runs every image in its own frame (its network sees the padded "
               f"frame, so --frame {args.frame} would change its outputs)", file=sys.stderr)
-        policy = ExactFrame()
     check = require_object if check == "object" else check
     process_index, process_count = getattr(args, "process_index", None), getattr(args, "process_count", None)
     precision = args.precision

@@ -250,11 +250,11 @@ def finalize_payload(args, batch_fn, clicks: int):
 
 def with_attack_predictor(args, model: LoadedModel, instances):
     """(``model`` with the TETRIS authors' predictor for a click-map model, JSON-able options or None):
-    `isegm.authors_options` by family and dataset unless ``--isegm off``; SAM-family models unchanged."""
+    the family's "tetris" options by dataset unless ``--isegm off`` (`models.base.with_predictor`);
+    SAM-family models unchanged."""
     from jaxseg_robust.commands.isegm_predictor import with_authors_predictor  # noqa: PLC0415
-    from jaxseg_robust.models.clickmap.isegm import authors_options  # noqa: PLC0415
 
-    return with_authors_predictor(args, model, instances, options_of=authors_options, command="TETRIS")
+    return with_authors_predictor(args, model, instances, "tetris", command="TETRIS")
 
 
 def execute(args) -> tuple:

@@ -19,6 +19,10 @@ features, plus the family's interactive state:
 Protocols build no model-specific state: between clicks they pass
 ``feedback(previous prediction)`` as ``Prompts.mask_logits`` (SAM: the
 selected low-res logits; a click-map model: its previous logits at the frame).
+Where the authors' code treats a family differently, the family declares it:
+its segmenter subclasses `SegmenterBase` (the SAM family's defaults), states a
+`FamilyRules` and overrides the `InteractivePredictor` members it owns;
+protocols read them through the functions below, never by probing.
 Parameters are explicit pytrees handed to these functions; a model object
 carries only its static configuration (frozen and hashable), so it can be
 closed over by `jit` without baking weights in as constants. See
@@ -27,7 +31,8 @@ docs/ARCHITECTURE.md, "The Segmenter seam" and "How to add a model family".
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import dataclasses
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import flax.struct
 import jax
@@ -116,20 +121,174 @@ def check_segmenter(segmenter) -> None:
                          "(docs/ARCHITECTURE.md, 'The Segmenter seam')")
 
 
-# ---- optional members: the family's rules in the authors' protocol code ----------------------------
-# A family states them on its segmenter; without them a segmenter follows the SAM family's rules
+# ---- the family's rules in the authors' protocol code ------------------------------------------------
+# A family declares them: its segmenter subclasses `SegmenterBase` and states `rules` (a `FamilyRules`)
+# and, where it owns an interactive predictor, overrides the `InteractivePredictor` members. A segmenter
+# that only implements the structural `Segmenter` follows the base's defaults, the SAM family's rules
 # (docs/ARCHITECTURE.md, "The Segmenter seam"; per protocol: docs/protocols/*.md).
+
+CLICK_STEP_ORIGINAL = "original"  # the evaluation frame (original_hw): the SAM family
+CLICK_STEP_RESIZED = "resized"    # the network input the clicks are rendered on (resized_hw): click-map models
+FRAME_POLICY_ANY = "any"          # outputs do not depend on the padded frame: any bucket
+FRAME_POLICY_EXACT = "exact"      # the network sees the padded frame: every image in its own frame
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyRules:
+    """How the authors' protocol code treats a family; the defaults are the SAM family's.
+
+    Attributes:
+      family: the family's name in messages ("sam", "ritm", "cfr_icl", ...).
+      click_step: which (h, w) the TETRIS step's diagonal is taken of (``lr = lr_mult 5 diag /
+        (400 sqrt 2)``): "original" (the evaluation frame, ``Transform.original_hw``) or "resized"
+        (the network input, ``Transform.resized_hw``).
+      click_step_hw: a fixed network input (h, w) that replaces ``click_step`` (a zoom-in's crop size),
+        or None.
+      resets_feedback_on_two_slots: the wrapper drops the mask input while isegm's padded point tensor
+        has two slots (``max(#positive, #negative) <= 1``): the SAM-family wrappers; click-map models
+        feed their previous prediction at every click.
+      evaluation_multimask: the ``multimask_output`` RClicks' evaluation wrapper decodes with (SAM 2:
+        False, one mask with the official dynamic fallback).
+      accepts_boxes: the family takes box prompts (click-map models: False; box protocols refuse them).
+      differentiable_clicks: ``decode`` is differentiable in the click coordinates as it is; where
+        False, a gradient attack runs `SegmenterBase.with_differentiable_clicks` (click-map models'
+        soft disks).
+      resized_frame: the family has ``resized_logits(prediction, transform)`` (the BREPS fixed-box
+        baselines' IoU in the resized frame, ``iou_resized``): SAM, MobileSAM, SAM-HQ.
+      frame_policy: "any" or "exact" (the network sees the padded frame: the batch program runs every
+        image in its own frame, `jaxseg_robust.runner.program.family_frame_policy`).
+      authors_predictor: the family has an authors' evaluation predictor that
+        `InteractivePredictor.with_predictor` switches on and off (click-map models: isegm's zoom-in,
+        flip and CFR-ICL's cascade; ``--isegm authors|off``).
+    """
+
+    family: str = "sam"
+    click_step: str = CLICK_STEP_ORIGINAL
+    click_step_hw: tuple[int, int] | None = None
+    resets_feedback_on_two_slots: bool = True
+    evaluation_multimask: bool = True
+    accepts_boxes: bool = True
+    differentiable_clicks: bool = True
+    resized_frame: bool = False
+    frame_policy: str = FRAME_POLICY_ANY
+    authors_predictor: bool = False
+
+    def __post_init__(self):
+        if self.click_step not in (CLICK_STEP_ORIGINAL, CLICK_STEP_RESIZED):
+            raise ValueError(f"click_step must be {CLICK_STEP_ORIGINAL!r} or {CLICK_STEP_RESIZED!r}; "
+                             f"got {self.click_step!r}")
+        if self.frame_policy not in (FRAME_POLICY_ANY, FRAME_POLICY_EXACT):
+            raise ValueError(f"frame_policy must be {FRAME_POLICY_ANY!r} or {FRAME_POLICY_EXACT!r}; "
+                             f"got {self.frame_policy!r}")
+
+
+SAM_FAMILY_RULES = FamilyRules()
+
+
+class InteractivePredictor(Protocol):
+    """The interactive predictor a family owns between clicks (typed members of `SegmenterBase`).
+
+    ``interactive_state(frame_hw)`` -> the state before the first click (a pytree of arrays);
+    ``interactive_predict(params, features, transform, points, labels, state, use_state, num_clicks, *,
+    multimask_output)`` -> (probability f32[Hf, Wf], next state) (see `interactive_step`);
+    ``predictor_view()`` -> the predictor as a click attack optimises through it, or None (the attack
+    runs ``decode`` on the frame); ``with_predictor(use, dataset, protocol)`` -> the segmenter with or
+    without the authors' predictor of ``protocol`` ("tetris" or "rclicks") for ``dataset``.
+    """
+
+    def interactive_state(self, frame_hw: tuple[int, int]) -> Any: ...
+
+    def interactive_predict(self, params, features, transform: Transform, points, labels, state, use_state,
+                            num_clicks, *, multimask_output: bool) -> tuple[jnp.ndarray, Any]: ...
+
+    def predictor_view(self) -> Any: ...
+
+    def with_predictor(self, use: bool, dataset: str | None = None, protocol: str = "tetris") -> Any: ...
+
+
+class SegmenterBase:
+    """The base a family's segmenter subclasses: the family rules and the interactive predictor, with
+    the SAM family's defaults (a subclass is a frozen dataclass and implements the `Segmenter` members).
+
+    Defaults: ``rules = SAM_FAMILY_RULES``; the interactive state is the feedback map
+    (zeros of ``feedback_shape``), a round is ``decode`` with it as mask input; no predictor view; no
+    authors' predictor to switch; ``decode`` differentiable in the clicks as it is.
+    """
+
+    rules: ClassVar[FamilyRules] = SAM_FAMILY_RULES
+
+    def interactive_state(self, frame_hw: tuple[int, int]):
+        """f32[``feedback_shape(frame_hw)``] zeros: the feedback map before the first click."""
+        return jnp.zeros(self.feedback_shape(tuple(frame_hw)), jnp.float32)
+
+    def interactive_predict(self, params, features, transform: Transform, points, labels, state, use_state,
+                            num_clicks, *, multimask_output: bool):
+        """``decode`` with ``Prompts.mask_logits = state`` (read where ``use_state``) ->
+        (``sigmoid(prediction.logits)``, ``feedback(prediction)``)."""
+        del num_clicks
+        prompts = click_prompts(points, labels, state, use_state)
+        prediction = self.decode(params, features, prompts, transform, multimask_output=multimask_output)
+        return jax.nn.sigmoid(prediction.logits), self.feedback(prediction)
+
+    def predictor_view(self):
+        """None: the click attack runs ``decode`` on the frame."""
+        return None
+
+    def with_predictor(self, use: bool, dataset: str | None = None, protocol: str = "tetris"):
+        """The segmenter itself: the family has no authors' predictor to switch."""
+        del use, dataset, protocol
+        return self
+
+    def with_differentiable_clicks(self):
+        """The segmenter itself (prompt coordinates enter the network directly)."""
+        return self
+
+    def image_resize_path(self) -> str | None:
+        """The image resize path the family's preprocessing follows, recorded in run manifests (SAM's
+        ``image_resize``: "float" or "pil"); None: the family has one path."""
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _StructuralSegmenter(SegmenterBase):
+    """A `Segmenter` that does not subclass `SegmenterBase`, given the base's (SAM-family) defaults."""
+
+    segmenter: Any
+
+    def decode(self, params, features, prompts, transform, *, multimask_output: bool = True):
+        return self.segmenter.decode(params, features, prompts, transform, multimask_output=multimask_output)
+
+    def feedback_shape(self, frame_hw):
+        return self.segmenter.feedback_shape(frame_hw)
+
+    def feedback(self, prediction):
+        return self.segmenter.feedback(prediction)
+
+
+def family_segmenter(segmenter) -> SegmenterBase:
+    """``segmenter`` as a `SegmenterBase`: itself, or a plain `Segmenter` with the SAM family's defaults."""
+    return segmenter if isinstance(segmenter, SegmenterBase) else _StructuralSegmenter(segmenter)
+
+
+def family_rules(segmenter) -> FamilyRules:
+    """The rules ``segmenter``'s family declares (`SAM_FAMILY_RULES` for a plain `Segmenter`)."""
+    return family_segmenter(segmenter).rules
+
 
 def click_step_hw(segmenter, transform: Transform) -> jnp.ndarray:
     """i32[2] (h, w) whose diagonal scales the TETRIS click step (``lr = lr_mult 5 diag / (400 sqrt 2)``).
 
     The authors' attack takes the size of the tensor its wrapper receives:
     for the SAM family the image before SAM's own resize (the evaluation
-    frame, ``original_hw``; the fallback), for click-map models the network
-    input the click variable lives on (``segmenter.click_step_hw``).
+    frame, ``original_hw``), for click-map models the network input the click
+    variable lives on (``resized_hw``, or the zoom-in's fixed crop size):
+    `FamilyRules.click_step` / ``click_step_hw``.
     """
-    method = getattr(segmenter, "click_step_hw", None)
-    return jnp.asarray(transform.original_hw if method is None else method(transform), jnp.int32)
+    rules = family_rules(segmenter)
+    if rules.click_step_hw is not None:
+        return jnp.asarray(rules.click_step_hw, jnp.int32)
+    hw = transform.original_hw if rules.click_step == CLICK_STEP_ORIGINAL else transform.resized_hw
+    return jnp.asarray(hw, jnp.int32)
 
 
 def predictor_view(segmenter):
@@ -141,52 +300,43 @@ def predictor_view(segmenter):
     through (`jaxseg_robust.models.clickmap.attack_view.PredictorView`;
     docs/protocols/tetris.md, "Families").
     """
-    method = getattr(segmenter, "predictor_view", None)
-    return None if method is None else method()
+    return family_segmenter(segmenter).predictor_view()
 
 
-def with_predictor(segmenter, use: bool, dataset: str | None = None):
-    """The segmenter with (``use``) or without its family's evaluation predictor for a click attack
-    (``segmenter.with_predictor``: click-map models, the authors' zoom-in and flip,
-    docs/protocols/tetris.md "Families"); a segmenter without that member is returned as it is."""
-    method = getattr(segmenter, "with_predictor", None)
-    return segmenter if method is None else method(use, dataset)
+def with_predictor(segmenter, use: bool, dataset: str | None = None, protocol: str = "tetris"):
+    """The segmenter with (``use``) or without its family's authors' predictor for ``protocol``
+    ("tetris": the authors' TETRIS options; "rclicks": the RClicks authors'; click-map models: zoom-in,
+    flip, CFR-ICL's cascade, docs/protocols/tetris.md "Families"); other families are returned as they are."""
+    if not isinstance(segmenter, SegmenterBase):
+        return segmenter
+    return segmenter.with_predictor(use, dataset, protocol)
 
 
 def resets_feedback(segmenter) -> bool:
-    """Whether the authors' wrapper drops the mask input while isegm's padded point tensor has two
-    slots (``max(#positive, #negative) <= 1``): the SAM-family wrappers do (fallback True); click-map
-    models feed their previous prediction at every click (``resets_feedback_on_two_slots = False``)."""
-    return bool(getattr(segmenter, "resets_feedback_on_two_slots", True))
+    """`FamilyRules.resets_feedback_on_two_slots` of the segmenter's family."""
+    return family_rules(segmenter).resets_feedback_on_two_slots
 
 
 def evaluation_multimask(segmenter) -> bool:
-    """The ``multimask_output`` the authors' evaluation wrapper (RClicks) decodes this family with:
-    True (best of three by predicted IoU) unless the segmenter says ``evaluation_multimask = False``
-    (SAM 2: one mask with the official dynamic fallback)."""
-    return bool(getattr(segmenter, "evaluation_multimask", True))
+    """`FamilyRules.evaluation_multimask`: the ``multimask_output`` the authors' evaluation wrapper
+    (RClicks) decodes this family with (SAM 2: False)."""
+    return family_rules(segmenter).evaluation_multimask
 
 
 def differentiable(segmenter):
     """The segmenter whose ``decode`` is differentiable w.r.t. click coordinates (what a gradient
-    attack runs): ``segmenter.differentiable_clicks()`` where the family renders clicks (click-map
-    models: soft disks), else the segmenter itself (prompt coordinates enter the network directly)."""
-    method = getattr(segmenter, "differentiable_clicks", None)
-    return segmenter if method is None else method()
+    attack runs): itself where `FamilyRules.differentiable_clicks`, else its
+    ``with_differentiable_clicks()`` (click-map models: soft disks)."""
+    if family_rules(segmenter).differentiable_clicks:
+        return segmenter
+    return segmenter.with_differentiable_clicks()
 
 
 def initial_state(segmenter, frame_hw: tuple[int, int]):
-    """The family's interactive state before the first click of an instance (a pytree of arrays).
-
-    A segmenter with ``interactive_state(frame_hw)`` owns its state (click-map
-    models with the authors' evaluation machinery: previous probability map and
-    zoom-in ROI); the fallback is the feedback map of zeros,
-    f32[``feedback_shape(frame_hw)``] (the SAM family's low-res logits).
-    """
-    method = getattr(segmenter, "interactive_state", None)
-    if method is None:
-        return jnp.zeros(segmenter.feedback_shape(tuple(frame_hw)), jnp.float32)
-    return method(tuple(frame_hw))
+    """The family's interactive state before the first click of an instance (a pytree of arrays):
+    `InteractivePredictor.interactive_state` (the base: the feedback map of zeros; click-map models
+    with the authors' evaluation machinery: `IsegmState`, previous probability map and zoom-in ROI)."""
+    return family_segmenter(segmenter).interactive_state(tuple(frame_hw))
 
 
 def interactive_step(segmenter, params, features, transform: Transform, points, labels, state, use_state,
@@ -201,34 +351,29 @@ def interactive_step(segmenter, params, features, transform: Transform, points, 
       num_clicks: i32[] (or int) the click count so far (CFR-ICL refines the first click).
       multimask_output: the family's decoding mode.
 
-    The fallback (the SAM family, and any segmenter without ``interactive_predict``):
-    ``decode`` with ``Prompts.mask_logits = state`` (read where ``use_state``),
-    ``sigmoid(prediction.logits)`` and ``feedback(prediction)`` as the next state.
+    `InteractivePredictor.interactive_predict` of the family (the base, the SAM family: ``decode``
+    with ``Prompts.mask_logits = state``, ``sigmoid(prediction.logits)`` and ``feedback(prediction)``
+    as the next state).
     """
-    method = getattr(segmenter, "interactive_predict", None)
-    if method is None:
-        prompts = click_prompts(points, labels, state, use_state)
-        prediction = segmenter.decode(params, features, prompts, transform, multimask_output=multimask_output)
-        return jax.nn.sigmoid(prediction.logits), segmenter.feedback(prediction)
-    return method(params, features, transform, points, labels, state, use_state, num_clicks,
-                  multimask_output=multimask_output)
+    return family_segmenter(segmenter).interactive_predict(params, features, transform, points, labels, state,
+                                                           use_state, num_clicks, multimask_output=multimask_output)
 
 
 def takes_boxes(segmenter) -> bool:
-    """Whether the family takes box prompts (``accepts_boxes``; default True; click-map models: False)."""
-    return bool(getattr(segmenter, "accepts_boxes", True))
+    """`FamilyRules.accepts_boxes` of the segmenter's family (click-map models: False)."""
+    return family_rules(segmenter).accepts_boxes
+
+
+def has_resized_frame(segmenter) -> bool:
+    """`FamilyRules.resized_frame`: the family has ``resized_logits`` (SAM, MobileSAM, SAM-HQ)."""
+    return family_rules(segmenter).resized_frame
 
 
 def require_boxes(segmenter, what: str) -> None:
     """ValueError naming ``what`` and the segmenter when its family takes clicks only."""
     if not takes_boxes(segmenter):
         raise ValueError(f"{what} needs box prompts; {type(segmenter).__name__} "
-                         f"({_family_name(segmenter)}) takes clicks only")
-
-
-def _family_name(segmenter) -> str:
-    config = getattr(segmenter, "config", None)
-    return str(getattr(config, "family", None) or getattr(config, "variant", None) or "this family")
+                         f"({family_rules(segmenter).family}) takes clicks only")
 
 
 @runtime_checkable

@@ -57,8 +57,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxseg_robust.data.buckets import ExactFrame, FramePolicy
 from jaxseg_robust.metrics.masks import boundary_widths
-from jaxseg_robust.models.base import Transform, check_segmenter
+from jaxseg_robust.models.base import FRAME_POLICY_EXACT, Transform, check_segmenter, family_rules
 from jaxseg_robust.runner.dispatch import BatchInFlight, DispatchingBatchFunction, ReadyClock
 from jaxseg_robust.runner.compile_cache import cache_hits, listen_for_cache_hits
 
@@ -483,6 +484,15 @@ class ProgramBatch(BatchInFlight):
         return outputs
 
 
+def family_frame_policy(segmenter, requested: FramePolicy) -> FramePolicy:
+    """The frame policy a batch program runs ``segmenter`` under: ``requested``, or every image in its
+    own frame (`ExactFrame`) where the family's network sees the padded frame (``FamilyRules.frame_policy``
+    "exact": click-map models without a zoom-in; padding would change their outputs)."""
+    if family_rules(segmenter).frame_policy == FRAME_POLICY_EXACT and not isinstance(requested, ExactFrame):
+        return ExactFrame()
+    return requested
+
+
 @functools.lru_cache(maxsize=32)
 def device_program(segmenter, protocol) -> DeviceProgram:
     """The process-wide `DeviceProgram` of a (segmenter, protocol) pair (both hashable, static)."""
@@ -532,6 +542,10 @@ class BatchProgram(DispatchingBatchFunction):
         """The same program (same protocol, model and compile cache) with ``timed=True``."""
         return BatchProgram(self.segmenter, self.params, self.protocol, aux_params=self.aux_params,
                             announce=self.announce, description=self.description, timed=True)
+
+    def frame_policy(self, requested: FramePolicy) -> FramePolicy:
+        """The frame policy this program's model runs under (`family_frame_policy`)."""
+        return family_frame_policy(self.segmenter, requested)
 
     @property
     def traces(self) -> int:

@@ -129,6 +129,19 @@ def rclicks_options(family: str, dataset: str | None = None) -> IsegmOptions:
     return options
 
 
+PREDICTOR_PROTOCOLS = ("tetris", "rclicks")
+
+
+def predictor_options(protocol: str, family: str, dataset: str | None = None) -> IsegmOptions:
+    """The authors' predictor a protocol runs ``family`` with: `authors_options` for "tetris"
+    (docs/protocols/tetris.md "Families"), `rclicks_options` for "rclicks" (docs/protocols/rclicks.md §5.5)."""
+    if protocol == "tetris":
+        return authors_options(family, dataset)
+    if protocol == "rclicks":
+        return rclicks_options(family, dataset)
+    raise ValueError(f"unknown predictor protocol {protocol!r}; use one of {PREDICTOR_PROTOCOLS}")
+
+
 @flax.struct.dataclass
 class IsegmState:
     """The predictor's memory between clicks (one instance; add axes to batch).

@@ -6,9 +6,10 @@ Families (config.json "family") and names (docs/models/click_models.md):
   * "simpleclick" (`SimpleClickConfig`): ``simpleclick_vit_xt``,
     ``simpleclick_vit_b``, ``simpleclick_vit_l``, ``simpleclick_vit_h`` (COCO+LVIS)
     and ``simpleclick_vit_{xt,b,l,h}_sbd`` (``python -m ports simpleclick``);
-    ``cfr_icl_vit_h``: CFR-ICL's ViT-H checkpoint, the same network (its
-    cascade-forward refinement is an inference option,
-    `jaxseg_robust.models.clickmap.isegm.IsegmOptions.cascade`);
+    ``cfr_icl_vit_h``: CFR-ICL's ViT-H checkpoint, the same network with
+    ``cfr_icl`` set in its config (recorded by ``python -m ports simpleclick
+    --cfr-icl``): the authors' predictor adds its cascade-forward refinement
+    (`jaxseg_robust.models.clickmap.isegm.IsegmOptions.cascade`);
   * tiny random-weight models for tests: ``ritm_tiny``, ``simpleclick_tiny``.
 Every name loads a `ClickMapPredictor` (``predict(image, point_coords=,
 point_labels=, mask_input=)``).
@@ -35,7 +36,7 @@ SIMPLECLICK_RELEASED = {
     "simpleclick_vit_l_sbd": (sc_config.VIT_L, "sbd_vit_large.pth"),
     "simpleclick_vit_h_sbd": (sc_config.VIT_H, "sbd_vit_huge.pth"),
 }
-CFR_ICL_RELEASED = {"cfr_icl_vit_h": (sc_config.VIT_H, "cocolvis_icl_vit_huge.pth")}
+CFR_ICL_RELEASED = {"cfr_icl_vit_h": (sc_config.CFR_ICL_VIT_H, "cocolvis_icl_vit_huge.pth")}
 
 
 def make_predictor(segmenter: ClickMapSegmenter, params, name: str) -> ClickMapPredictor:
@@ -66,7 +67,7 @@ for _name, (_config, _file) in CFR_ICL_RELEASED.items():
     zoo.register_model(_name, sc_config.FAMILY, _config, checkpoint_hint=_file,
                        description="CFR-ICL (SimpleClick ViT-H trained with the iterative click "
                                    "loss); cascade-forward refinement is an inference option",
-                       port_command="python -m ports simpleclick --checkpoint {checkpoint} "
+                       port_command="python -m ports simpleclick --cfr-icl --checkpoint {checkpoint} "
                                     "--out {out}")
 zoo.register_model("ritm_tiny", ritm_config.FAMILY, ritm_config.TINY,
                    checkpoint_hint="<none: random-weight test model, use zoo.init>",

@@ -27,9 +27,12 @@ Conventions of this family (the Segmenter contract's family-specific parts):
 * ``evaluation``: the authors' evaluation machinery (`IsegmOptions`: zoom-in,
   flip averaging, CFR-ICL's cascade) for interactive protocols. When set, the
   segmenter owns an `IsegmState` between rounds (``interactive_state`` /
-  ``interactive_predict``, the optional members of the Segmenter contract that
+  ``interactive_predict``, its `models.base.InteractivePredictor` members that
   `jaxseg_robust.models.base.interactive_step` calls), and with a zoom-in its
-  ``frame_policy`` is ``"any"`` for those protocols. ``decode`` itself is
+  ``frame_policy`` is ``"any"`` for those protocols.
+* ``rules``: the family's `models.base.FamilyRules`, computed from the fields
+  (``family`` "ritm", "simpleclick" or, where the converted config says
+  ``cfr_icl``, "cfr_icl"; docs/ARCHITECTURE.md, "The Segmenter seam"). ``decode`` itself is
   unchanged (the network on the whole frame). None (default): protocols feed
   ``feedback`` back through ``decode`` as before.
 * clicks: (x, y) pixels of the original image, rendered with isegm's hard
@@ -52,10 +55,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxseg_robust.models.base import Prediction, Transform
+from jaxseg_robust.models.base import (
+    CLICK_STEP_RESIZED,
+    FRAME_POLICY_ANY,
+    FRAME_POLICY_EXACT,
+    FamilyRules,
+    Prediction,
+    SegmenterBase,
+    Transform,
+)
 from jaxseg_robust.models.clickmap.attack_view import PredictorView
 from jaxseg_robust.models.clickmap.encoding import ENCODINGS, coord_features
-from jaxseg_robust.models.clickmap.isegm import IsegmOptions, IsegmState, authors_options, interactive_predict
+from jaxseg_robust.models.clickmap.isegm import IsegmOptions, IsegmState, interactive_predict, predictor_options
 from jaxseg_robust.models.clickmap.layers import random_params
 from jaxseg_robust.models.ritm.config import RitmConfig
 from jaxseg_robust.models.simpleclick.config import SimpleClickConfig
@@ -64,8 +75,6 @@ from jaxseg_robust.prompts.types import Prompts, click_prompts
 
 OUTSIDE_LOGIT = -1e4
 ISEGM_THRESHOLD = 0.49
-FRAME_POLICY_EXACT = "exact"
-FRAME_POLICY_ANY = "any"
 # Transposed convolutions of SimpleClick's neck (their weights keep torch's [in, out, k, k]).
 SIMPLECLICK_TRANSPOSED = ("neck/down_4/0", "neck/down_4/3", "neck/down_8/0")
 
@@ -95,7 +104,7 @@ def build_network(config):
 
 
 @dataclasses.dataclass(frozen=True)
-class ClickMapSegmenter:
+class ClickMapSegmenter(SegmenterBase):
     """A click-map interactive model (static configuration; weights are passed as ``params``).
 
     Attributes:
@@ -113,9 +122,6 @@ class ClickMapSegmenter:
     evaluation: IsegmOptions | None = None
 
     probability_threshold = ISEGM_THRESHOLD
-    # the family's rules in the authors' protocol code (jaxseg_robust.models.base, optional members)
-    resets_feedback_on_two_slots = False  # isegm feeds the previous prediction at every click
-    accepts_boxes = False
 
     def __post_init__(self):
         if self.click_encoding not in ENCODINGS:
@@ -127,10 +133,27 @@ class ClickMapSegmenter:
             raise ValueError(f"evaluation must be IsegmOptions or None; got {type(self.evaluation).__name__}")
 
     @property
+    def predictor_family(self) -> str:
+        """The family whose authors' predictor runs these weights: "ritm", "simpleclick" or "cfr_icl"
+        (recorded in the converted model's config, `SimpleClickConfig.cfr_icl`)."""
+        return self.config.predictor_family
+
+    @property
+    def rules(self) -> FamilyRules:
+        """The family's rules (docs/protocols/tetris.md, "Families"): isegm feeds the previous prediction
+        at every click, clicks only, the TETRIS step of the network input (the zoom-in's crop with
+        ``evaluation``'s zoom-in), soft disks for gradients, and the exact frame unless zooming in."""
+        zoom = None if self.evaluation is None else self.evaluation.zoom_in
+        return FamilyRules(family=self.predictor_family, click_step=CLICK_STEP_RESIZED,
+                           click_step_hw=None if zoom is None else tuple(zoom.target_hw),
+                           resets_feedback_on_two_slots=False, accepts_boxes=False, authors_predictor=True,
+                           differentiable_clicks=self.click_encoding == "soft",
+                           frame_policy=FRAME_POLICY_EXACT if zoom is None else FRAME_POLICY_ANY)
+
+    @property
     def frame_policy(self) -> str:
         """"exact" (the network sees the frame) unless the evaluation machinery zooms in ("any")."""
-        zooms = self.evaluation is not None and self.evaluation.zoom_in is not None
-        return FRAME_POLICY_ANY if zooms else FRAME_POLICY_EXACT
+        return self.rules.frame_policy
 
     # ---- network and parameters --------------------------------------------
     @property
@@ -181,31 +204,25 @@ class ClickMapSegmenter:
         return interactive_predict(self, params, features.image, transform.original_hw, points, labels,
                                    state, use_state, num_clicks, self.evaluation)
 
-    def click_step_hw(self, transform: Transform) -> jnp.ndarray:
-        """i32[2] the network input's (h, w): the authors' TETRIS step for click-map models
-        (``5 sqrt(h^2 + w^2) / (400 sqrt 2)`` of the tensor the clicks are rendered on: the zoom-in's
-        crop with ``evaluation``'s zoom-in, else the image itself, ``resized_hw``;
-        docs/protocols/tetris.md)."""
-        zoom = None if self.evaluation is None else self.evaluation.zoom_in
-        if zoom is not None:
-            return jnp.asarray(zoom.target_hw, jnp.int32)
-        return jnp.asarray(transform.resized_hw, jnp.int32)
-
     def predictor_view(self) -> PredictorView | None:
         """The authors' predictor as a click attack sees it (`attack_view.PredictorView`), or None
         without ``evaluation`` (the attack then runs ``decode`` on the whole frame)."""
         return None if self.evaluation is None else PredictorView(self, self.evaluation)
 
-    def with_predictor(self, use: bool, dataset: str | None = None) -> ClickMapSegmenter:
-        """This segmenter with the authors' predictor (``use``; `isegm.authors_options` of its family
-        and ``dataset`` unless ``evaluation`` is already set) or without it (`models.base.with_predictor`)."""
+    def with_predictor(self, use: bool, dataset: str | None = None, protocol: str = "tetris") -> ClickMapSegmenter:
+        """This segmenter with the authors' predictor (``use``) or without it (`models.base.with_predictor`).
+
+        With it, ``evaluation`` unless already set is the options of ``protocol`` for the weights'
+        family (`predictor_family`: CFR-ICL gets its cascade) and ``dataset`` ("DAVIS" zooms larger):
+        `isegm.authors_options` for "tetris", `isegm.rclicks_options` for "rclicks".
+        """
         if not use:
             return dataclasses.replace(self, evaluation=None)
         if self.evaluation is not None:
             return self
-        return dataclasses.replace(self, evaluation=authors_options(self.config.family, dataset))
+        return dataclasses.replace(self, evaluation=predictor_options(protocol, self.predictor_family, dataset))
 
-    def differentiable_clicks(self) -> ClickMapSegmenter:
+    def with_differentiable_clicks(self) -> ClickMapSegmenter:
         """This segmenter with soft disks: ``decode`` differentiable w.r.t. the click coordinates."""
         return self if self.click_encoding == "soft" else dataclasses.replace(self, click_encoding="soft")
 

@@ -45,6 +45,11 @@ class RitmConfig:
     family: str = dataclasses.field(default=FAMILY, init=False)
 
     @property
+    def predictor_family(self) -> str:
+        """The family whose authors' predictor runs these weights: "ritm"."""
+        return FAMILY
+
+    @property
     def num_blocks(self) -> int:
         """Blocks per HRNet branch (2 small, 4 otherwise)."""
         return 2 if self.small else 4

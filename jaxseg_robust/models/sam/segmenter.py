@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
-from jaxseg_robust.models.base import Prediction, Transform
+from jaxseg_robust.models.base import FamilyRules, Prediction, SegmenterBase, Transform
 from jaxseg_robust.models.sam.config import SamConfig, build_image_encoder
 from jaxseg_robust.models.sam.mask_decoder import MaskDecoder
 from jaxseg_robust.models.sam.prompt_encoder import PromptEncoder
@@ -81,7 +81,7 @@ def pil_resize(image: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamSegmenter:
+class SamSegmenter(SegmenterBase):
     """SAM-family segmenter (static configuration; weights are passed as ``params``).
 
     Param tree: ``{"image_encoder": ..., "prompt_encoder": ..., "mask_decoder": ...}``.
@@ -93,6 +93,8 @@ class SamSegmenter:
     config: SamConfig
     image_resize: str = "float"
     probability_threshold: ClassVar[float] = 0.5
+    # the SAM family's rules, and the resized frame of resized_logits (models.base.FamilyRules)
+    rules: ClassVar[FamilyRules] = FamilyRules(family="sam", resized_frame=True)
 
     def __post_init__(self):
         if self.image_resize not in IMAGE_RESIZE_PATHS:
@@ -168,6 +170,10 @@ class SamSegmenter:
         return random_params(self.param_shapes(), key)
 
     # ---- protocol --------------------------------------------------------
+    def image_resize_path(self) -> str:
+        """``image_resize`` (`models.base.SegmenterBase.image_resize_path`)."""
+        return self.image_resize
+
     def preprocess(self, image, *, frame_hw: tuple[int, int] | None = None):
         """Resizes, normalises and zero-pads an image into the model frame.
 

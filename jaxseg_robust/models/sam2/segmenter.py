@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxseg_robust.models.base import Prediction, Transform
+from jaxseg_robust.models.base import FamilyRules, Prediction, SegmenterBase, Transform
 from jaxseg_robust.models.sam.prompt_encoder import PromptEncoder
 from jaxseg_robust.models.sam.random_init import random_params
 from jaxseg_robust.models.sam.segmenter import make_transform
@@ -111,7 +111,7 @@ def upsample_logits(low_res: jnp.ndarray, original_hw: jnp.ndarray, frame_hw: tu
 
 
 @dataclasses.dataclass(frozen=True)
-class Sam2Segmenter:
+class Sam2Segmenter(SegmenterBase):
     """SAM 2 segmenter (static configuration; weights are passed as ``params``).
 
     Param tree: ``{"image_encoder": {"trunk", "neck"}, "prompt_encoder": ...,
@@ -121,8 +121,8 @@ class Sam2Segmenter:
     config: Sam2Config
     probability_threshold: float = PROBABILITY_THRESHOLD
     # RClicks evaluates SAM 2 with multimask_output=False and the official dynamic fallback
-    # (jaxseg_robust.models.base.evaluation_multimask; docs/protocols/rclicks.md)
-    evaluation_multimask: ClassVar[bool] = False
+    # (models.base.FamilyRules.evaluation_multimask; docs/protocols/rclicks.md)
+    rules: ClassVar[FamilyRules] = FamilyRules(family="sam2", evaluation_multimask=False)
 
     # ---- modules ---------------------------------------------------------
     @property

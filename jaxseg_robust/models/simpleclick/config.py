@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 FAMILY = "simpleclick"
+CFR_ICL = "cfr_icl"  # the authors' predictor family of CFR-ICL weights
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 # The authors' ViT windows: 224 / patch tokens per window side at the pre-training size.
@@ -33,6 +34,10 @@ class SimpleClickConfig:
       with_prev_mask: the click embedding has a previous-mask channel.
       variant: a label ("vit_xt", "vit_b", "vit_l", "vit_h").
       dtype: compute dtype ("float32" or "bfloat16").
+      cfr_icl: the weights are CFR-ICL's (the same network trained with the iterative click loss):
+        the authors' predictor adds its cascade-forward refinement. The port records it in the
+        converted model's config.json (``python -m ports simpleclick --cfr-icl``); a config.json
+        without the key is refused (docs/models/click_models.md, "CFR-ICL").
     """
 
     patch_size: int = 16
@@ -47,6 +52,7 @@ class SimpleClickConfig:
     with_prev_mask: bool = True
     variant: str = "vit_b"
     dtype: str = "float32"
+    cfr_icl: bool = False
     family: str = dataclasses.field(default=FAMILY, init=False)
 
     def __post_init__(self):
@@ -54,6 +60,13 @@ class SimpleClickConfig:
         object.__setattr__(self, "neck_out_dims", tuple(int(v) for v in self.neck_out_dims))
         if self.depth % 4:
             raise ValueError(f"SimpleClick's ViT needs a depth divisible by 4; got {self.depth}")
+        if not isinstance(self.cfr_icl, bool):
+            raise ValueError(f"cfr_icl must be true or false; got {self.cfr_icl!r}")
+
+    @property
+    def predictor_family(self) -> str:
+        """The family whose authors' predictor runs these weights: "cfr_icl" or "simpleclick"."""
+        return CFR_ICL if self.cfr_icl else FAMILY
 
     @property
     def train_grid(self) -> tuple[int, int]:
@@ -114,11 +127,16 @@ class SimpleClickConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> SimpleClickConfig:
-        """Inverse of `to_dict`; unknown keys are an error naming them."""
+        """Inverse of `to_dict`; unknown keys, or no ``cfr_icl`` (a conversion older than the key),
+        are an error naming them."""
         names = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown SimpleClick config key(s) {unknown}; known: {sorted(names)}")
+        if "cfr_icl" not in data:
+            raise ValueError("the SimpleClick config.json has no 'cfr_icl' key (converted before the port recorded "
+                             "CFR-ICL weights): convert the checkpoint again with python -m ports simpleclick "
+                             "(with --cfr-icl for CFR-ICL weights)")
         return cls(**data)
 
 
@@ -133,5 +151,8 @@ VIT_H = SimpleClickConfig(patch_size=14, embed_dim=1280, depth=32, num_heads=16,
 # 16-px patches, trained grid 14x14 (224 px, one attention window).
 TINY = SimpleClickConfig(embed_dim=32, depth=4, num_heads=2, train_size=(224, 224),
                          neck_out_dims=(8, 16, 24, 32), head_channels=16, variant="tiny")
+
+# CFR-ICL's released ViT-H: SimpleClick's ViT-H network with CFR-ICL weights.
+CFR_ICL_VIT_H = dataclasses.replace(VIT_H, cfr_icl=True)
 
 BY_VARIANT = {c.variant: c for c in (VIT_XT, VIT_B, VIT_L, VIT_H, TINY)}
