@@ -11,9 +11,9 @@ Decoding is vectorised NumPy that writes the ``uint32`` words of the packed
 layout the device programs use (32 rows of a column per word) without ever
 forming the byte-per-pixel mask: every run boundary toggles the bits from its
 position to the end of its word, and the state entering each word is the
-parity of the boundaries before it. That costs O(runs + words) per mask, about
-20x less than ``pycocotools.mask.decode`` followed by bit packing on a
-480x640 mask (the decode alone took ~1 ms).
+parity of the boundaries before it. That costs O(runs + words) per mask, well
+below ``pycocotools.mask.decode`` followed by bit packing (docs/benchmarking.md,
+"Measurements behind design choices").
 """
 
 from __future__ import annotations

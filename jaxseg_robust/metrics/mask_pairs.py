@@ -89,7 +89,8 @@ def buffer_words(buffer: np.ndarray) -> np.ndarray:
     """uint32 [N, h, W] packed rows (the ops' layout) from a :func:`chunk_buffer` (a small host transpose).
 
     Bit ``j`` of word ``[k, x]`` is pixel ``(32 k + j, x)``. Transposing on the
-    device instead made XLA keep a column-major layout that slowed the erosion ~10x.
+    device instead made XLA keep a column-major layout that slowed the erosion
+    (docs/benchmarking.md, "Measurements behind design choices").
     """
     return np.ascontiguousarray(buffer.view("<u4").astype(np.uint32, copy=False).transpose(0, 2, 1))
 
@@ -97,8 +98,9 @@ def buffer_words(buffer: np.ndarray) -> np.ndarray:
 def _pair_intersections(rows, band, pairs) -> tuple[jnp.ndarray, jnp.ndarray]:
     """int32 [P] intersections of masks and of bands, one pair per step of a scan.
 
-    A gather of whole masks (``rows[pairs[:, 0]]``) ran ~4x slower on CPU
-    than this scan of dynamic slices.
+    A gather of whole masks (``rows[pairs[:, 0]]``) ran slower on CPU than
+    this scan of dynamic slices (docs/benchmarking.md, "Measurements behind
+    design choices").
     """
     def step(carry, pair):
         first = lax.dynamic_index_in_dim(rows, pair[0], keepdims=False)

@@ -1,11 +1,10 @@
 """Depth-wise 2-D convolution as a sum of shifted, scaled copies of the input.
 
 XLA's CPU backend lowers grouped convolutions with one group per channel
-(``feature_group_count == channels``) to a slow generic loop: a 3x3 depth-wise
-convolution over [1, 128, 128, 128] takes ~150 ms there, against ~3 ms for the
-same arithmetic written as kh * kw shifted multiply-adds, which XLA fuses into
-one elementwise loop (measured on 2 CPU cores, single-threaded XLA; see
-`experiments/benchmarks/bench_sam.py` for the TinyViT encoder it speeds up).
+(``feature_group_count == channels``) to a slow generic loop, far slower than
+the same arithmetic written as kh * kw shifted multiply-adds, which XLA fuses
+into one elementwise loop (docs/benchmarking.md, "Measurements behind design
+choices", "Depth-wise convolution as shifted sums").
 On GPU both forms are fast. The result equals ``lax.conv_general_dilated``
 with ``feature_group_count = channels`` up to float rounding (the summation
 order differs).

@@ -7,10 +7,10 @@ Why not ``einsum`` + ``jax.nn.softmax`` and let autodiff derive the reverse
 pass: on XLA:CPU the derived pass of that composition materialises several
 extra N x N arrays (the softmax's own JVP residuals, the product of the
 cotangent with the probabilities, its row sums) and lays some of the products
-out token-major, so it cost about 1.6x the reverse pass of torch's
-``bmm``/``softmax`` on the same shapes (ViT-B, 12 heads x 784 tokens x 64: 116
-against 66 ms for the forward and reverse together on this project's 2-core
-CPU; ``experiments/benchmarks/bench_vit_layers.py``). The pass written here keeps
+out token-major, so it was markedly slower than the reverse pass of torch's
+``bmm``/``softmax`` on the same shapes (docs/benchmarking.md, "Measurements
+behind design choices", "Attention's reverse pass and chunks of heads"). The
+pass written here keeps
 every product in ``[..., heads, tokens, width]`` layout and uses the identity
 
     sum_k dP[q, k] P[q, k] = sum_d dO[q, d] O[q, d]
@@ -25,15 +25,13 @@ and two fused elementwise passes.
 **Chunks on the CPU.** A head's probabilities at 784 tokens are 2.4 MB, more
 than a core's L2 cache; several images' worth (the attack's batch of MIN / MAX
 trajectories and flips: 4 x 12 heads, 118 MB) no longer fit the last-level
-cache either, and XLA:CPU's batched products and softmax then ran at about a
-third of their one-image speed (4 images: 228 ms forward, 495 ms with the
-reverse pass, against 26.6 / 66.1 ms for one; torch 81 / 237 ms). So when a
-head's N x N array exceeds ``_ROW_BYTES`` and all heads together exceed
-``_WHOLE_BYTES``, the leading axes are flattened and processed a few heads at
-a time (``lax.map``; ``_CHUNK_BYTES`` of probabilities per step), the reverse
-pass too: 82 / 321 ms at 4 images (``experiments/benchmarks/bench_vit_layers.py``;
-docs/models/click_models.md). Small windows (196 tokens: 154 kB a head)
-stay whole; chunking them only adds loop overhead. Other platforms always
+cache either, and XLA:CPU's batched products and softmax then ran at a
+fraction of their one-image speed. So when a head's N x N array exceeds
+``_ROW_BYTES`` and all heads together exceed ``_WHOLE_BYTES``, the leading
+axes are flattened and processed a few heads at a time (``lax.map``;
+``_CHUNK_BYTES`` of probabilities per step), the reverse pass too (figures:
+the same entry of docs/benchmarking.md). Small windows (196 tokens: 154 kB a
+head) stay whole; chunking them only adds loop overhead. Other platforms always
 take the whole array (``lax.platform_dependent``). Values are the same
 arithmetic either way.
 

@@ -8,23 +8,21 @@ for an HWIO kernel). XLA:CPU canonicalises such a convolution to its Eigen
 kernel by inserting a transpose, but only in a program's entry computation:
 inside a ``while`` body (every ``fori_loop`` attack of the perturbation
 battery, docs/protocols/perturbation.md) the ``01oi`` convolution falls back
-to a generic loop, about 3x the cost of the whole forward+backward pass of a
-ResNet-50 per iteration. Here the kernel is transposed explicitly before the
-transpose rule runs, so the gradient convolution is already in the canonical
-``01io`` form wherever it is compiled. The kernel that gradient reads
-(spatially reversed, features swapped) is moreover built as a `hoistable`
-value, so XLA computes it once before a loop instead of on every iteration
-(`ops.loop_invariant`).
+to a generic loop, costlier per iteration than the whole forward+backward
+pass of a ResNet-50 (docs/benchmarking.md, "Measurements behind design
+choices"). Here the kernel is transposed explicitly before the transpose rule
+runs, so the gradient convolution is already in the canonical ``01io`` form
+wherever it is compiled. The kernel that gradient reads (spatially reversed,
+features swapped) is moreover built as a `hoistable` value, so XLA computes it
+once before a loop instead of on every iteration (`ops.loop_invariant`).
 
 A pointwise (1 x 1, unpadded) convolution on NHWC / HWIO is computed as a
-strided slice and a matrix product: XLA:CPU's dot runs it about twice as fast
-as its convolution kernel (docs/benchmarking.md), and both gradients are
-products too. So is a convolution whose windows tile the image (kernel size
-equal to the strides, unpadded: a ViT patch embedding, a 2 x 2 stride-2
-downsampling): the windows flattened, times the kernel as a matrix. Inside
-SimpleClick ViT-B's forward + backward at 448 x 448, XLA:CPU spent 50-57 ms
-on each 16 x 16 patch embedding as a convolution and 17 ms as a product, and
-the product's input gradient needs no reversed kernel (docs/benchmarking.md).
+strided slice and a matrix product, which XLA:CPU's dot runs faster than its
+convolution kernel, and both gradients are products too. So is a convolution
+whose windows tile the image (kernel size equal to the strides, unpadded: a
+ViT patch embedding, a 2 x 2 stride-2 downsampling): the windows flattened,
+times the kernel as a matrix, whose input gradient needs no reversed kernel
+either. Figures for both: docs/benchmarking.md, "Where XLA:CPU loses time".
 Grouped convolutions and input (lhs) dilation use
 ``lax.conv_general_dilated`` unchanged. Used by the dense models' convolutions
 (`models/dense/layers.conv2d`) and the click-map models'

@@ -43,7 +43,7 @@ Made for XLA:CPU, where a sequential loop step is cheap and gathers are not.
 1. ``g`` is two ``lax.scan`` sweeps over rows (vectors of W lanes, O(HW)).
 2. The row pass (a 1-D lower envelope of parabolas per row) is the hard part under
    XLA on CPU, where sequential per-row loops pay for every lane-iteration and
-   gathers/scatters cost ~10 ns per element. Two exact methods are combined:
+   gathers/scatters are expensive per element. Two exact methods are combined:
 
    a. *Windowed search*, per group of ``row_group`` rows (``lax.map`` keeps the
       working set in cache): ``D <- min(D, f[j +- d] + d**2)`` for d = 1, 2, ... in
@@ -61,14 +61,13 @@ Made for XLA:CPU, where a sequential loop step is cheap and gathers are not.
       Groups without unfinished rows, and the whole step when every row finished,
       are skipped by ``lax.cond``.
 
-   Measured alternatives on 1024x1024 masks (one core, noisy shared machine; see
-   experiments/benchmarks/bench_distance_components.py): Meijster alone (all rows) is
-   ~1.2-1.5x faster than scipy, bound by gathers; the windowed search alone is
-   3-15x faster than scipy on error maps and object masks but O(W) per pixel on
-   far-region maps; the hybrid keeps the former and costs ~1.1x scipy on the latter.
-   A lock-step variant of Meijster (all rows advance together, with an inner pop
-   loop; ~4.7 pop iterations per column on blob masks) was not faster than the
-   state machine; brute force over all columns is O(H*W*W).
+   Why the hybrid: Meijster alone (all rows) is bound by gathers; the windowed
+   search alone is fast on error maps and object masks but O(W) per pixel on
+   far-region maps; the hybrid keeps the former's speed and stays close to scipy
+   on the latter. A lock-step variant of Meijster (all rows advance together, with
+   an inner pop loop) was not faster than the state machine; brute force over all
+   columns is O(H*W*W). Figures: docs/benchmarking.md, "Measurements behind design
+   choices", "EDT row pass".
 
 Accelerator algorithm
 ~~~~~~~~~~~~~~~~~~~~~

@@ -23,10 +23,10 @@ a window of ``k = 2r + 1`` along rows and then along columns. The classic
 O(1)-per-pixel scheme for that is van Herk / Gil-Werman (prefix and suffix
 minima over blocks of ``k``). In XLA on CPU, however, the block prefix scans
 lower to ``associative_scan`` (log k strided slice/concatenate levels,
-several full-size temporaries): on one byte per pixel it measured 2-3x slower
-than the doubling scheme below, and more than 10x slower than the bit-packed
-doubling this module uses (1024^2 masks, d = 29, 2-core CPU;
-``experiments/benchmarks/bench_boundary_iou.py --ablation``). This module uses
+several full-size temporaries): slower than the doubling scheme below even on
+one byte per pixel, and far slower than the bit-packed doubling this module
+uses (docs/benchmarking.md, "Measurements behind design choices", "Square
+erosion on packed bits"). This module uses
 the doubling ("sparse table") scheme instead:
 
     m_1 = x;  m_{2s}[i] = m_s[i] AND m_s[i + s]          (m_s = AND over [i, i+s))
@@ -508,7 +508,7 @@ def erode_square_packed_traced(words, radius, max_radius: int) -> jnp.ndarray:
         raise ValueError(f"words must be uint32[..., h, W], got {words.dtype} {words.shape}")
     radius = _check_traced_radius(radius, max_radius)
     # Columns first, then rows, with a barrier between: in the other order (or fused) XLA on CPU ran the
-    # pair of passes about 10x slower (measured on [64, 16, 640] words).
+    # pair of passes far slower (docs/benchmarking.md, "Measurements behind design choices").
     columns = lax.optimization_barrier(_filter_columns_traced(words, radius, max_radius, jnp.bitwise_and,
                                                               jnp.uint32(0)))
     return _and_rows_traced(columns, radius, max_radius)

@@ -154,7 +154,8 @@ def _gather_taps(x: jnp.ndarray, taps: Taps, axis: int) -> jnp.ndarray:
     shape[axis] = index.shape[0]
     out = None
     # One gather per tap (no [..., out, K, ...] intermediate): XLA on CPU fuses each
-    # gather with its multiply-add, about 10x faster than gathering all taps at once.
+    # gather with its multiply-add, far faster than gathering all taps at once
+    # (docs/benchmarking.md, "Measurements behind design choices").
     for k in range(index.shape[1]):
         term = jnp.take(x, index[:, k], axis=axis, mode="clip") * weight[:, k].reshape(shape)
         out = term if out is None else out + term

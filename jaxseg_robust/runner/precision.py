@@ -7,8 +7,8 @@ under ``config.matmul_precision`` (`CONFIG_KEY`), so a run directory is never re
 at another precision (`runner.rundir.check_matmul_precision`).
 
   default   XLA's default: on an NVIDIA GPU float32 products run as TF32-like passes
-            (measured on an H200: 3.2e-4 relative to ``highest`` on a 4096^2 product,
-            about 5x faster); on XLA:CPU full float32
+            (less accurate than ``highest`` and faster; docs/benchmarking.md,
+            "Matmul precision"); on XLA:CPU full float32
   high      JAX's middle setting (three bfloat16 passes on a TPU; XLA:GPU may run float32 products
             as at ``default``: the GPU suite's precision step measures it); full float32 on XLA:CPU
   highest   full float32 everywhere

@@ -147,8 +147,9 @@ def standardise(x: jnp.ndarray, eps: float, axes: tuple[int, ...]) -> jnp.ndarra
     ``axes``, instead of the transposes of the mean, the variance and the
     division that autodiff derives. On XLA:CPU the derived pass split into
     several fusions over the residual stream inside SimpleClick's blocks, and
-    behind a GELU in its neck it took 3x the closed form's time
-    (docs/models/click_models.md). Reverse mode only.
+    behind a GELU in its neck it took several times the closed form's time
+    (docs/benchmarking.md, "Measurements behind design choices"). Reverse mode
+    only.
     """
     return _standardise(x, eps, axes)[0]
 
@@ -203,9 +204,9 @@ def gelu(x: jnp.ndarray) -> jnp.ndarray:
 
     ``jax.nn.gelu(approximate=False)`` evaluates the same function through
     ``erfc``, a little closer to float64 in the far negative tail (max error
-    3.8e-7 against 1.1e-6 on N(0, 4) samples), but on the CPU 1.7x slower
-    forward and 1.5x slower with its derivative (a 784 x 3072 activation);
-    torch's form is also the reference's arithmetic.
+    3.8e-7 against 1.1e-6 on N(0, 4) samples), but slower on the CPU, forward
+    and with its derivative (docs/benchmarking.md, "Measurements behind design
+    choices"); torch's form is also the reference's arithmetic.
     """
     return x * 0.5 * (1.0 + jax.lax.erf(x * 0.7071067811865476))  # M_SQRT1_2
 
