@@ -9,7 +9,8 @@ for the convolution pulls in ``x_{k-1}``'s computation, which pulls in
 its stream, and the backward pass's ReLU masks do it again. In RITM's
 HRNet-18 at 400 x 400 that made elementwise fusions of 500-700 operations
 (about 40 chained blocks each), and they cost more than every convolution of
-the forward + backward pass together (docs/benchmarking.md).
+the forward + backward pass together (docs/benchmarking.md, "Where XLA:CPU
+loses time").
 
 ``lax.optimization_barrier`` does not prevent this on the CPU (it is removed
 before fusion). A conditional does: its result is a buffer that no fusion can

@@ -33,14 +33,9 @@ What `run` does:
      outputs)``, default: the outputs themselves) and appends one record per
      instance, flushed and fsynced once per batch.
 
-Steps 4 and 5 overlap (`jaxseg_robust.runner.pipeline`): the next group is
-loaded on a worker thread, batch k + 1 is dispatched before the results of
-batch k are waited for, and a writer thread finalizes and writes records
-while the device computes; the device waits for the host only when loading
-and preparing a batch takes longer than computing one. A batch function that
-is a `jaxseg_robust.runner.dispatch.DispatchingBatchFunction` (the
-`runner.program.BatchProgram` of every prompt protocol) gets the padded batch
-on the host and places its own prepared arguments.
+Steps 4 and 5 overlap with the device's work (`jaxseg_robust.runner.pipeline`,
+docs/ARCHITECTURE.md, "The batch loop"): the device waits for the host only
+when loading and preparing a batch takes longer than computing one.
 
 Failure policy:
   * an exception from ``batch_fn`` (or from fetching its results) fails the

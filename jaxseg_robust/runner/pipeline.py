@@ -15,15 +15,10 @@ most one batch, and its frame) in three overlapping stages:
            records (flushed and fsynced), close its in-flight journal entry,
            count, update the progress bar, check the abort limit.
 
-Why threads and not grain (or another process-based loader): loading is
-decoding and resizing in NumPy / PIL / OpenCV, which release the GIL, so one
-thread keeps ahead of the device; a failure must stay attached to its
-instance (a process pool would have to ship instances, errors and
-tracebacks across processes); and the in-flight journal must name the group
-before its first byte is loaded, which is simplest in the process that
-writes the records. The queues are bounded (one group loading, at most two
-batches dispatched, at most two groups waiting for the writer), so host
-memory stays a few batches.
+Threads, not grain's worker processes (docs/ARCHITECTURE.md, "The batch
+loop", says why), with bounded queues: one group loading, at most two batches
+dispatched, at most two groups waiting for the writer, so host memory stays a
+few batches.
 
 Reliability (docs/ARCHITECTURE.md, "The batch loop"):
 
