@@ -45,7 +45,7 @@ def program_text(model, batch, protocol) -> str:
     segmenter, params = model
     program = BatchProgram(segmenter, params, protocol)
     args = (params, None, *host_arguments(segmenter, protocol, batch))
-    return program._device.jitted.trace(*args).lower().as_text()  # noqa: SLF001 - the engine's very program
+    return program._device.function.jitted.trace(*args).lower().as_text()  # noqa: SLF001 - the engine's very program
 
 
 def dots(text: str) -> dict[int, int]:

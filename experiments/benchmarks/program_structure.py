@@ -122,7 +122,7 @@ def measure(protocol: str, segmenter, params, size, compile_it: bool, dump: path
     program, batch_size = batch_program(protocol, segmenter, params, size)
     args = (program.params, program.aux_params, *host_arguments(segmenter, program.protocol,
                                                                 synthetic_batch(batch_size)))
-    jitted = program._device.jitted  # noqa: SLF001 - the very program the engine compiles
+    jitted = program._device.function.jitted  # noqa: SLF001 - the very program the engine compiles
     start = time.perf_counter()
     traced = jitted.trace(*args)
     trace_seconds = time.perf_counter() - start
