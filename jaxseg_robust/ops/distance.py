@@ -528,6 +528,13 @@ def _stack_transform(stack_edt, settings: tuple):
     return transform
 
 
+def _one_mask(stack_edt, mask: jax.Array, settings: tuple) -> jax.Array:
+    """``stack_edt`` (through `_stack_transform`, so vmap folds) of one checked ``[H, W]`` mask -> int32[H, W]."""
+    mask = jnp.asarray(mask)
+    _check_mask(mask)
+    return _stack_transform(stack_edt, settings)((mask != 0)[None])[0]
+
+
 def _check_cpu_settings(window: int, row_group: int, envelope_group: int) -> None:
     if window < 0:
         raise ValueError(f"window must be >= 0, got {window}")
@@ -565,12 +572,9 @@ def squared_distance_transform(mask: jax.Array, *, pad_border: bool = False,
       int32[H, W] squared distances in pixels**2. If the (padded) mask has no zero
       pixel, every value is ``H**2 + W**2`` (see module doc).
     """
-    mask = jnp.asarray(mask)
-    _check_mask(mask)
     _check_cpu_settings(window, row_group, envelope_group)
-    transform = _stack_transform(_per_platform_edt_stack,
-                                 (bool(pad_border), int(window), int(row_group), int(envelope_group)))
-    return transform((mask != 0)[None])[0]
+    return _one_mask(_per_platform_edt_stack, mask, (bool(pad_border), int(window), int(row_group),
+                                                     int(envelope_group)))
 
 
 def squared_distance_transform_cpu(mask: jax.Array, *, pad_border: bool = False,
@@ -581,12 +585,8 @@ def squared_distance_transform_cpu(mask: jax.Array, *, pad_border: bool = False,
 
     Windowed search plus Meijster's envelope (module doc); for tests and benchmarks.
     """
-    mask = jnp.asarray(mask)
-    _check_mask(mask)
     _check_cpu_settings(window, row_group, envelope_group)
-    transform = _stack_transform(_squared_edt_stack,
-                                 (bool(pad_border), int(window), int(row_group), int(envelope_group)))
-    return transform((mask != 0)[None])[0]
+    return _one_mask(_squared_edt_stack, mask, (bool(pad_border), int(window), int(row_group), int(envelope_group)))
 
 
 def squared_distance_transform_accelerator(mask: jax.Array, *, pad_border: bool = False,
@@ -604,11 +604,8 @@ def squared_distance_transform_accelerator(mask: jax.Array, *, pad_border: bool 
     Returns:
       int32[H, W] squared distances in pixels**2 (``H**2 + W**2`` everywhere without a zero).
     """
-    mask = jnp.asarray(mask)
-    _check_mask(mask)
     _check_offset_block(offset_block)
-    transform = _stack_transform(_accelerator_edt_stack, (bool(pad_border), int(offset_block)))
-    return transform((mask != 0)[None])[0]
+    return _one_mask(_accelerator_edt_stack, mask, (bool(pad_border), int(offset_block)))
 
 
 def distance_transform_edt(mask: jax.Array, *, pad_border: bool = False,
