@@ -153,18 +153,18 @@ def test_clickmap_segmenter_evaluation_switches_state_and_frame_policy():
     assert cfr.cascade == CascadeConfig(steps=2, adaptive=False, clicks=1)  # --cf-n=1, no --acf
 
 
-def test_rclicks_command_gives_click_map_models_the_authors_predictor(tmp_path):
-    """``jaxseg-robust rclicks`` (`commands.isegm_predictor.with_authors_predictor`): the RClicks options by family and
-    dataset, CFR-ICL from its config whatever the model's name, ``--isegm off``, DAVIS mixed with others
-    refused, SAM untouched."""
+def test_rclicks_click_map_models_get_the_authors_predictor(tmp_path):
+    """`runs.authors_predictor.with_authors_predictor` under RClicks: the RClicks options by family and dataset,
+    CFR-ICL from its config whatever the model's name, ``isegm="off"``, DAVIS mixed with others refused, SAM
+    untouched."""
     import argparse  # noqa: PLC0415
 
     import pytest  # noqa: PLC0415
 
-    from jaxseg_robust.commands.flags import CommandError  # noqa: PLC0415
-    from jaxseg_robust.commands.loading import LoadedModel  # noqa: PLC0415
-    from jaxseg_robust.commands.isegm_predictor import with_authors_predictor  # noqa: PLC0415
     from jaxseg_robust.models.simpleclick.config import TINY as SC_TINY  # noqa: PLC0415
+    from jaxseg_robust.runs.authors_predictor import with_authors_predictor  # noqa: PLC0415
+    from jaxseg_robust.runs.loading import LoadedModel  # noqa: PLC0415
+    from jaxseg_robust.runs.spec import RunError  # noqa: PLC0415
 
     def loaded(segmenter, name):
         return LoadedModel(name, segmenter, None, "sha256:0", "random:0")
@@ -172,25 +172,22 @@ def test_rclicks_command_gives_click_map_models_the_authors_predictor(tmp_path):
     def instances(*datasets):
         return [argparse.Namespace(dataset=name) for name in datasets]
 
-    args = argparse.Namespace(isegm="authors", model="ritm_tiny")
-    model, settings = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"),
-                                             "rclicks")
+    def authors(model, datasets, isegm="authors"):
+        return with_authors_predictor(model, datasets, isegm, "rclicks", "RClicks")
+
+    model, settings = authors(loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"))
     assert model.segmenter.evaluation == isegm.rclicks_options("ritm") and settings["family"] == "ritm"
-    model, _ = with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS"), "rclicks")
+    model, _ = authors(loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS"))
     assert model.segmenter.evaluation.zoom_in.target_hw == (600, 600)
-    args_cfr = argparse.Namespace(isegm="authors", model="/models/neutral")
     cfr_icl = ClickMapSegmenter(dataclasses.replace(SC_TINY, cfr_icl=True))
-    model, settings = with_authors_predictor(args_cfr, loaded(cfr_icl, "/models/neutral"), instances("GrabCut"),
-                                             "rclicks")
+    model, settings = authors(loaded(cfr_icl, "/models/neutral"), instances("GrabCut"))
     assert settings["family"] == "cfr_icl" and model.segmenter.evaluation.cascade.steps == 2
-    args_sc = argparse.Namespace(isegm="authors", model="/models/cfr_icl_named")  # a name says nothing
-    model, settings = with_authors_predictor(args_sc, loaded(ClickMapSegmenter(SC_TINY), "/models/cfr_icl_named"),
-                                             instances("GrabCut"), "rclicks")
+    # a name says nothing
+    model, settings = authors(loaded(ClickMapSegmenter(SC_TINY), "/models/cfr_icl_named"), instances("GrabCut"))
     assert settings["family"] == "simpleclick" and model.segmenter.evaluation.cascade is None
-    with pytest.raises(CommandError, match="DAVIS"):
-        with_authors_predictor(args, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS", "GrabCut"), "rclicks")
-    off = argparse.Namespace(isegm="off", model="ritm_tiny")
-    model, settings = with_authors_predictor(off, loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"), "rclicks")
+    with pytest.raises(RunError, match="DAVIS"):
+        authors(loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("DAVIS", "GrabCut"))
+    model, settings = authors(loaded(ClickMapSegmenter(TINY), "ritm_tiny"), instances("GrabCut"), "off")
     assert model.segmenter.evaluation is None and settings is None
     sam_like = loaded(SmallClickModel(), "sam_tiny")  # a segmenter without `evaluation` is left as it is
-    assert with_authors_predictor(args, sam_like, instances("DAVIS", "GrabCut"), "rclicks") == (sam_like, None)
+    assert authors(sam_like, instances("DAVIS", "GrabCut")) == (sam_like, None)

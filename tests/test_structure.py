@@ -3,7 +3,9 @@
 * no library module over 700 lines;
 * no function over 90 code lines (docstring, blank and comment-only lines not counted);
 * every import of ``jaxseg_robust.X`` inside the library points to X's layer or a lower one:
-  ops → metrics, prompts → models, data → runner → attacks, clicksim → reports → commands → cli;
+  ops → metrics, prompts → models, data → runner → attacks, clicksim, evaluation → reports → runs → commands
+  → cli (the package root re-exports the public API of ``runs`` lazily, so it imports from the top while
+  ``import jaxseg_robust`` itself is layer 0);
 * the library never imports the converters (``ports``);
 * the shell (``commands/``, ``cli.py``) holds no jitted code: it imports neither ``jax.numpy`` nor
   ``jax.lax`` and calls no ``jit`` / ``vmap`` / ``grad`` (its programs live in the library).
@@ -33,9 +35,11 @@ LAYERS = {
     "runner": 3,
     "attacks": 4, "clicksim": 4, "evaluation": 4,
     "reports": 5,
-    "commands": 6,
-    "cli": 7, "__main__": 7,
+    "runs": 6,
+    "commands": 7,
+    "cli": 8, "__main__": 8,
 }
+PACKAGE_ROOT = "jaxseg_robust.__init__"  # the public facade: names of ``runs`` imported on first use (PEP 562)
 
 
 def library_modules() -> list[pathlib.Path]:
@@ -148,7 +152,7 @@ def test_imports_point_down_and_never_to_the_converters():
     wrong = []
     for path in library_modules():
         module = dotted(path)
-        own = layer_of(module)
+        own = max(LAYERS.values()) if module == PACKAGE_ROOT else layer_of(module)
         tree = ast.parse(path.read_text())
         for line, name in imports_of(tree, module) + string_imports_of(tree):
             if name == "ports" or name.startswith("ports."):

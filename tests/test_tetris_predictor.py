@@ -229,22 +229,22 @@ def test_cascade_runs_after_the_accepted_click(setup):
     assert float(refined.iou[0]) == pytest.approx(float(iou), abs=2e-2)
 
 
-def test_tetris_command_isegm_flag():
-    """``--isegm authors`` gives click-map models `authors_options` (DAVIS: the larger zoom), ``off`` none."""
+def test_tetris_isegm_setting():
+    """``isegm="authors"`` gives click-map models `authors_options` (DAVIS: the larger zoom), ``off`` none."""
     import argparse  # noqa: PLC0415
 
-    from jaxseg_robust.commands.loading import LoadedModel  # noqa: PLC0415
-    from jaxseg_robust.commands.tetris import with_attack_predictor  # noqa: PLC0415
+    from jaxseg_robust.runs.authors_predictor import with_authors_predictor  # noqa: PLC0415
+    from jaxseg_robust.runs.loading import LoadedModel  # noqa: PLC0415
     from jaxseg_robust.models.clickmap.isegm import authors_options  # noqa: PLC0415
     from jaxseg_robust.models.clickmap.segmenter import ClickMapSegmenter  # noqa: PLC0415
     from jaxseg_robust.models.ritm.config import TINY  # noqa: PLC0415
 
     loaded = LoadedModel("ritm_tiny", ClickMapSegmenter(TINY), None, "sha256:0", "random:0")
     grabcut, davis = [argparse.Namespace(dataset="GrabCut")], [argparse.Namespace(dataset="DAVIS")]
-    model, settings = with_attack_predictor(argparse.Namespace(isegm="authors", model="ritm_tiny"), loaded, grabcut)
+    model, settings = with_authors_predictor(loaded, grabcut, "authors", "tetris", "TETRIS")
     assert model.segmenter.evaluation == authors_options("ritm") and settings["family"] == "ritm"
     assert settings["zoom_in"]["target_hw"] == (400, 400)
-    model, _ = with_attack_predictor(argparse.Namespace(isegm="authors", model="ritm_tiny"), loaded, davis)
+    model, _ = with_authors_predictor(loaded, davis, "authors", "tetris", "TETRIS")
     assert model.segmenter.evaluation.zoom_in.target_hw == (600, 600)
-    model, settings = with_attack_predictor(argparse.Namespace(isegm="off", model="ritm_tiny"), loaded, grabcut)
+    model, settings = with_authors_predictor(loaded, grabcut, "off", "tetris", "TETRIS")
     assert model.segmenter.evaluation is None and settings is None

@@ -232,3 +232,20 @@ def finish(command: str, args, summary, markdown: str, csv_text: str) -> int:
     if code == EXIT_FAILURE:
         report_error(command, f"no instance succeeded (see the failures above and {args.out}/records*.jsonl)")
     return code
+
+
+def run_spec(command: str, spec, run_dir, names: Mapping[str, str]) -> int:
+    """Runs ``spec`` into ``run_dir`` (`jaxseg_robust.runs.evaluate`), prints the outcome and the table,
+    and returns the exit code; a `RunError` is printed as one line naming the flags (``names``)."""
+    from jaxseg_robust.runs import RunError, evaluate  # noqa: PLC0415
+
+    try:
+        result = evaluate(spec, run_dir, say=startup_line, field_names=names)
+    except RunError as error:
+        return report_error(command, error.render(names))
+    except ValueError as error:
+        return report_error(command, str(error))
+    print_outcome(result.summary, result.tables.markdown, result.files, result.resized)
+    if result.exit_code == EXIT_FAILURE:
+        report_error(command, f"no instance succeeded (see the failures above and {run_dir}/records*.jsonl)")
+    return result.exit_code
