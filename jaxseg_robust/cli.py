@@ -104,11 +104,11 @@ def _main(argv: list[str] | None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        if getattr(args, "func", None) is None:
+        if args.func is None:  # no sub-command
             parser.print_help()
             return EXIT_FAILURE
         command = f"jaxseg-robust {args.command}"
-        if not use_compile_cache(getattr(args, "compile_cache", None), command):
+        if not use_compile_cache(args.compile_cache, command):
             return EXIT_FAILURE
         previous = _stop_on_sigterm()
         try:

@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Measure how robust segmentation models are to their inputs.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_compile_cache_flag(parser)
+    parser.set_defaults(func=None)  # each sub-command sets its own
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"jaxseg_robust.commands.{name}").register(subparsers)
