@@ -103,7 +103,8 @@ def build_reference(kind: str, variant: str, seed: int, ckpt: str):
 
 
 def model_input(image, prev, dtype=None):
-    """isegm's network input [1, 4, h, w]: RGB / 255 and the previous probability map.
+    """isegm's network input [1, 4, h, w]: RGB / 255 and the previous probability map ([1, 3, h, w]
+    without ``prev``: a model without the previous-mask channel, RITM's baseline).
 
     With ``dtype`` (torch.float64) the division runs in that precision, as ours does
     for float64 images: dividing in float32 first perturbs the input by ~3e-8, which
@@ -113,6 +114,8 @@ def model_input(image, prev, dtype=None):
 
     dtype = torch.float32 if dtype is None else dtype
     rgb = torch.from_numpy(image.copy()).permute(2, 0, 1)[None].to(dtype) / 255
+    if prev is None:
+        return rgb
     return torch.cat([rgb, torch.from_numpy(np.asarray(prev, np.float32))[None, None].to(dtype)],
                      1)
 
@@ -133,7 +136,8 @@ def torch_logits_side(kind: str, variant: str, seed: int, inputs: list, ckpt: st
     out = {}
     for name, image, clicks, prev in inputs:
         with at_input_size(model, kind, prev.shape), torch.no_grad():
-            logits = model(model_input(image, prev), ir.points_tensor(clicks))["instances"]
+            previous = prev if model.with_prev_mask else None
+            logits = model(model_input(image, previous), ir.points_tensor(clicks))["instances"]
         out[name] = logits[0, 0].numpy().copy()
     return out
 

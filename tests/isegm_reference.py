@@ -229,6 +229,8 @@ RITM_ARGS = {
     "hrnet18": dict(width=18, ocr_width=64),
     "hrnet18s": dict(width=18, ocr_width=48, small=True),
     "hrnet32": dict(width=32, ocr_width=128),
+    # models/noniterative_baselines/hrnet18_ocr64_cocolvis.py (coco_lvis_h18_baseline.pth): no previous mask
+    "hrnet18_baseline": dict(width=18, ocr_width=64, with_prev_mask=False),
 }
 # SimpleClick models/iter_mask/plainvit_{xtiny,base,large,huge}448_cocolvis_itermask.py
 # (CFR-ICL's ViT-H script builds the same network).
@@ -244,11 +246,12 @@ SIMPLECLICK_ARGS = {
 
 
 def build_ritm(variant: str):
-    """RITM's ``HRNetModel`` as in ``models/iter_mask/hrnet*_itermask_3p.py`` (untrained)."""
+    """RITM's ``HRNetModel`` as in ``models/iter_mask/hrnet*_itermask_3p.py`` (untrained; the baseline as in
+    ``models/noniterative_baselines/hrnet18_ocr64_cocolvis.py``)."""
     from isegm.model.is_hrnet_model import HRNetModel  # noqa: PLC0415
 
     return HRNetModel(with_aux_output=True, use_leaky_relu=True, use_rgb_conv=False,
-                      use_disks=True, norm_radius=5, with_prev_mask=True, **RITM_ARGS[variant])
+                      use_disks=True, norm_radius=5, **{"with_prev_mask": True, **RITM_ARGS[variant]})
 
 
 def build_simpleclick(variant: str):

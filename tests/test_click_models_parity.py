@@ -62,6 +62,7 @@ LOGIT_CASES = [
     pytest.param("ritm", "hrnet18s", 1, (None,), id="ritm_hrnet18s_cocolvis"),
     pytest.param("ritm", "hrnet32", 2, (None,), id="ritm_hrnet32_cocolvis", marks=slow),
     pytest.param("ritm", "hrnet18", 3, (None,), id="ritm_hrnet18_sbd", marks=slow),
+    pytest.param("ritm", "hrnet18_baseline", 9, (None,), id="ritm_hrnet18_cocolvis_baseline", marks=slow),
     pytest.param("simpleclick", "vit_xt", 4, SC_SIZES, id="simpleclick_vit_xt"),
     pytest.param("simpleclick", "vit_b", 5, SC_SIZES, id="simpleclick_vit_b", marks=slow),
     pytest.param("simpleclick", "vit_l", 6, SC_SIZES, id="simpleclick_vit_l", marks=slow),

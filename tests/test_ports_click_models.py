@@ -78,6 +78,28 @@ def test_ritm_port_round_trip(ritm_params, tmp_path):
         np.testing.assert_array_equal(np.asarray(flat_a[key]), np.asarray(flat_b[key]))
 
 
+def test_ritm_baseline_port_and_zoo_name(tmp_path):
+    """RITM's non-iterative baseline (``coco_lvis_h18_baseline.pth``: no previous-mask channel) converts to
+    a model with two click-map channels, and its zoo name declares the same configuration."""
+    import dataclasses  # noqa: PLC0415
+
+    from jaxseg_robust.models.ritm.config import HRNET18_BASELINE  # noqa: PLC0415
+
+    tiny = dataclasses.replace(RITM_TINY, with_prev_mask=False)
+    params = ClickMapSegmenter(tiny).init(1)
+    config = {**RITM_CONFIG, "params": {**RITM_CONFIG["params"],
+                                        "with_prev_mask": {"type": "builtin", "value": False, "specified": True}}}
+    ckpt = tmp_path / "baseline.pth"
+    torch.save({"state_dict": torch_state_dict(params), "config": config}, ckpt)
+    assert ports_main(["ritm", "--checkpoint", str(ckpt), "--out", str(tmp_path / "out")]) == 0
+    seg, converted, _ = zoo.load_params(tmp_path / "out")
+    assert seg.config.with_prev_mask is False and seg.config.coord_channels == 2
+    flat = traverse_util.flatten_dict(converted, sep="/")
+    assert np.asarray(flat["maps_transform/0/weight"]).shape[2] == 2  # HWIO: positive and negative disks
+    spec = zoo.get("ritm_hrnet18_cocolvis_baseline")
+    assert spec.config == HRNET18_BASELINE and spec.checkpoint_hint.endswith("coco_lvis_h18_baseline.pth")
+
+
 def test_ritm_port_is_strict(ritm_params):
     sd = {k: v.numpy() for k, v in torch_state_dict(ritm_params).items()}
     extra = dict(sd, **{"feature_extractor.bogus.weight": np.zeros((3,), np.float32)})

@@ -91,6 +91,8 @@ class RitmConfig:
 HRNET18 = RitmConfig(width=18, ocr_width=64, variant="hrnet18")
 HRNET18S = RitmConfig(width=18, ocr_width=48, small=True, variant="hrnet18s")
 HRNET32 = RitmConfig(width=32, ocr_width=128, variant="hrnet32")
+# RITM's non-iterative baseline (models/noniterative_baselines/hrnet18_ocr64_cocolvis.py): no previous-mask channel.
+HRNET18_BASELINE = RitmConfig(width=18, ocr_width=64, with_prev_mask=False, variant="hrnet18")
 # A tiny random-weight RITM for fast tests (no official weights).
 TINY = RitmConfig(width=4, ocr_width=4, small=True, variant="tiny")
 
@@ -100,4 +102,5 @@ RELEASED = {
     "ritm_hrnet18s_cocolvis": (HRNET18S, "coco_lvis_h18s_itermask.pth"),
     "ritm_hrnet32_cocolvis": (HRNET32, "coco_lvis_h32_itermask.pth"),
     "ritm_hrnet18_sbd": (HRNET18, "sbd_h18_itermask.pth"),
+    "ritm_hrnet18_cocolvis_baseline": (HRNET18_BASELINE, "coco_lvis_h18_baseline.pth"),
 }
