@@ -55,7 +55,7 @@ from jaxseg_robust.ops.boxes import (
     unscale_boxes,
 )
 from jaxseg_robust.prompts.types import box_prompts
-from jaxseg_robust.runner.program import BatchProgram, InstanceInputs
+from jaxseg_robust.runner.program import BatchProgram, ConfigProtocol, InstanceInputs
 
 DEFAULT_N_STEPS = 50
 DEFAULT_LR_MULT = 9.0
@@ -406,7 +406,7 @@ def result_outputs(result: BrepsResult, config: BrepsConfig, with_tight: bool = 
 
 
 @dataclasses.dataclass(frozen=True)
-class BrepsProtocol:
+class BrepsProtocol(ConfigProtocol):
     """The BREPS attack as one per-instance function (`runner.program.BatchProtocol`).
 
     Attributes:
@@ -421,18 +421,9 @@ class BrepsProtocol:
     name = "BREPS"
 
     @property
-    def dilation_ratio(self) -> float:
-        """Boundary IoU band ratio of the widths the program passes."""
-        return self.config.dilation_ratio
-
-    @property
     def description(self) -> str:
         """What the compile announcement calls the program, e.g. "BREPS program (minmax)"."""
         return f"BREPS program ({'minmax' if self.minmax else self.config.mode})"
-
-    def host_inputs(self, segmenter, slot) -> dict:
-        """No host inputs."""
-        return {}
 
     def instance(self, segmenter, params, aux_params, inputs: InstanceInputs) -> dict:
         """The attack(s) of one instance."""

@@ -75,7 +75,7 @@ from jaxseg_robust.ops.labels import IGNORE_LABEL
 from jaxseg_robust.ops.render import COVERAGE_AREA, COVERAGE_RAMP, DEFAULT_CLICK_RADIUS
 from jaxseg_robust.prompts.clicker import mark_clicked, next_click, xy_of
 from jaxseg_robust.prompts.types import NEGATIVE_LABEL, PADDING_LABEL, POSITIVE_LABEL, click_prompts
-from jaxseg_robust.runner.program import BatchProgram, InstanceInputs
+from jaxseg_robust.runner.program import BatchProgram, ConfigProtocol, InstanceInputs
 
 DEFAULT_N_CLICKS = TETRIS_NUM_CLICKS  # 10 (TETRIS); use 20 for NoC
 DEFAULT_N_OPT_STEPS = 11  # evaluated iterates per click: the baseline click + 10 updates (run.sh)
@@ -487,7 +487,7 @@ def trajectory_outputs(result: ClickTrajectory, config: TetrisConfig) -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class ClickProtocol:
+class ClickProtocol(ConfigProtocol):
     """TETRIS attacks and/or the baseline clicker as one per-instance function (`runner.program.BatchProtocol`).
 
     Attributes:
@@ -521,11 +521,6 @@ class ClickProtocol:
         return self.attack if self.attack is not None else self.baseline
 
     @property
-    def dilation_ratio(self) -> float:
-        """Boundary IoU band ratio of the widths the program passes."""
-        return self.config.dilation_ratio
-
-    @property
     def description(self) -> str:
         """What the compile announcement calls the program, e.g. "TETRIS program (minmax + baseline)"."""
         mode = "minmax" if self.minmax else ("baseline" if self.attack is None else self.attack.mode)
@@ -537,10 +532,6 @@ class ClickProtocol:
         """The trajectories the protocol outputs, in order."""
         attacks = ATTACK_MODES if self.minmax else (() if self.attack is None else (self.attack.mode,))
         return attacks + (() if self.baseline is None else ("baseline",))
-
-    def host_inputs(self, segmenter, slot) -> dict:
-        """No host inputs."""
-        return {}
 
     def instance(self, segmenter, params, aux_params, inputs: InstanceInputs) -> dict:
         """Every trajectory of one instance on its features (see the class docstring for the layout).

@@ -80,16 +80,20 @@ class ClickModel(Protocol):
         """f32[Hf, Wf] non-negative map for the error region ``region`` (pure, vmappable)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class DistanceTransformClickModel:
-    """DT baseline (§4): ``EDT(R) / max EDT(R)``, image border not background."""
-
-    name: str = "dt"
+class _MapOnlyClickModel:
+    """Base of the baselines, whose map needs nothing from the image: ``prepare`` only validates the shapes."""
 
     def prepare(self, image, gt, frame_hw) -> dict:
         """No per-instance data (validates the shapes only)."""
         check_frame(image, gt, frame_hw)
         return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class DistanceTransformClickModel(_MapOnlyClickModel):
+    """DT baseline (§4): ``EDT(R) / max EDT(R)``, image border not background."""
+
+    name: str = "dt"
 
     def clickability(self, params, prepared, region, inside) -> jax.Array:
         """Args: region, inside bool[Hf, Wf]. Returns f32[Hf, Wf] in [0, 1] (0 outside ``region``)."""
@@ -101,15 +105,10 @@ class DistanceTransformClickModel:
 
 
 @dataclasses.dataclass(frozen=True)
-class UniformClickModel:
+class UniformClickModel(_MapOnlyClickModel):
     """UD baseline (§4): ``R / max R`` (every error pixel equally likely)."""
 
     name: str = "ud"
-
-    def prepare(self, image, gt, frame_hw) -> dict:
-        """No per-instance data (validates the shapes only)."""
-        check_frame(image, gt, frame_hw)
-        return {}
 
     def clickability(self, params, prepared, region, inside) -> jax.Array:
         """Args: region, inside bool[Hf, Wf]. Returns f32[Hf, Wf]: 1 on the region, else 0."""

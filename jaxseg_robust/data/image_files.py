@@ -22,7 +22,8 @@ from jaxseg_robust.data.instances import (
 )
 
 
-_DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError)
+# What Pillow raises on a file it cannot decode (image and mask readers alike).
+DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError)
 _EXIF_ORIENTATION_TAG = 0x0112
 # EXIF orientation -> Pillow transpose that shows the image upright (the EXIF standard's table).
 _ORIENTATION_TRANSPOSE = {
@@ -77,7 +78,7 @@ def read_image_size(path) -> tuple[int, int]:
         with Image.open(path) as image:
             width, height = image.size
             orientation = _orientation(image)
-    except _DECODE_ERRORS as error:
+    except DECODE_ERRORS as error:
         raise DatasetError(f"{path}: cannot read image header ({error})") from error
     return (width, height) if orientation in (5, 6, 7, 8) else (height, width)
 
@@ -117,7 +118,7 @@ def read_image_rgb(path) -> np.ndarray:
             rgb = np.asarray(decoded if decoded.mode == "RGB" else decoded.convert("RGB"), dtype=np.uint8)
     except DatasetError:
         raise
-    except _DECODE_ERRORS as error:
+    except DECODE_ERRORS as error:
         raise DatasetError(f"{path}: cannot decode image ({error})") from error
     return np.ascontiguousarray(rgb)
 

@@ -56,8 +56,22 @@ def instance_name(dataset: str, instance_id: str) -> str:
     return f"{dataset}/{instance_id}" if dataset else str(instance_id)
 
 
+class DatasetKeyed:
+    """Base of a dataset item with ``dataset`` and ``id`` attributes: its record key and its name."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """The record key ``(dataset, id)``."""
+        return (self.dataset, self.id)
+
+    @property
+    def name(self) -> str:
+        """``"dataset/id"``, used in error messages (`instance_name`)."""
+        return instance_name(self.dataset, self.id)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class Instance:
+class Instance(DatasetKeyed):
     """One evaluation instance held in memory.
 
     Attributes:
@@ -80,16 +94,6 @@ class Instance:
     num_classes: int = BINARY_CLASSES
 
     @property
-    def key(self) -> tuple[str, str]:
-        """The record key ``(dataset, id)``."""
-        return (self.dataset, self.id)
-
-    @property
-    def name(self) -> str:
-        """``"dataset/id"``, used in error messages."""
-        return instance_name(self.dataset, self.id)
-
-    @property
     def size(self) -> tuple[int, int]:
         """(H, W) of the image in pixels (from the array shape, unchecked)."""
         shape = np.shape(self.image)
@@ -101,7 +105,7 @@ class Instance:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class InstanceRef:
+class InstanceRef(DatasetKeyed):
     """A lazily loaded instance: its key, its declared size and a loader.
 
     Attributes:
@@ -126,16 +130,6 @@ class InstanceRef:
     dataset: str = ""
     source_paths: tuple[str, ...] = ()
     fingerprint: str = ""
-
-    @property
-    def key(self) -> tuple[str, str]:
-        """The record key ``(dataset, id)``."""
-        return (self.dataset, self.id)
-
-    @property
-    def name(self) -> str:
-        """``"dataset/id"``, used in error messages."""
-        return instance_name(self.dataset, self.id)
 
     @property
     def size(self) -> tuple[int, int]:

@@ -46,7 +46,9 @@ import pathlib
 import re
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
+
+from jaxseg_robust.data.image_files import DECODE_ERRORS
 
 MASK_SUFFIXES = (".png", ".bmp", ".jpg", ".jpeg", ".tif", ".tiff", ".gif", ".webp")
 DEFAULT_RULE = ">128"
@@ -57,9 +59,6 @@ _SAMPLE_PIXELS = 1 << 16   # pixels looked at by `off_value_fraction` (an even s
 
 _OPERATORS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
 _RULE_PATTERN = re.compile(r"^\s*(>=|>|==|!=)\s*(\d+)\s*$")
-
-
-_DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
 class MaskReadError(ValueError):
@@ -120,7 +119,7 @@ def decode_mask(path) -> tuple[np.ndarray, np.ndarray]:
                 return channels.max(axis=-1), channels
             else:
                 values = None
-    except _DECODE_ERRORS as error:
+    except DECODE_ERRORS as error:
         raise MaskReadError(f"{path}: cannot read image ({error})") from error
     if values is None:
         raise MaskReadError(f"{path}: unsupported image mode {mode!r} for a mask (use a grey, palette or RGB image)")
@@ -157,7 +156,7 @@ def read_mask_size(path) -> tuple[int, int]:
     try:
         with Image.open(path) as image:
             width, height = image.size
-    except _DECODE_ERRORS as error:
+    except DECODE_ERRORS as error:
         raise MaskReadError(f"{path}: cannot read image ({error})") from error
     return height, width
 

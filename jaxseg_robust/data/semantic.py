@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from PIL import Image
 
-from jaxseg_robust.data.instances import Instance, InstanceRef
+from jaxseg_robust.data.instances import DatasetKeyed, Instance, InstanceRef
 from jaxseg_robust.ops.labels import IGNORE_LABEL
 
 VOID = 255
@@ -110,7 +110,7 @@ CITYSCAPES_PROTOCOL = ResizeRule("fixed", (512, 1024))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class SemanticSample:
+class SemanticSample(DatasetKeyed):
     """One image with its class-label map, in memory.
 
     Attributes:
@@ -129,16 +129,6 @@ class SemanticSample:
     source_paths: tuple[str, ...] = ()
 
     @property
-    def key(self) -> tuple[str, str]:
-        """``(dataset, id)``."""
-        return (self.dataset, self.id)
-
-    @property
-    def name(self) -> str:
-        """``"dataset/id"`` for messages."""
-        return f"{self.dataset}/{self.id}" if self.dataset else self.id
-
-    @property
     def size(self) -> tuple[int, int]:
         """(H, W)."""
         return int(self.image.shape[0]), int(self.image.shape[1])
@@ -154,7 +144,7 @@ class SemanticSample:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class SemanticRef:
+class SemanticRef(DatasetKeyed):
     """A lazily decoded `SemanticSample`: key, size after resizing, and a loader.
 
     ``load()`` decodes, resizes and checks the label values; its errors name the file.
@@ -166,16 +156,6 @@ class SemanticRef:
     loader: Callable[[], SemanticSample]
     dataset: str = ""
     source_paths: tuple[str, ...] = ()
-
-    @property
-    def key(self) -> tuple[str, str]:
-        """``(dataset, id)``."""
-        return (self.dataset, self.id)
-
-    @property
-    def name(self) -> str:
-        """``"dataset/id"`` for messages."""
-        return f"{self.dataset}/{self.id}" if self.dataset else self.id
 
     @property
     def size(self) -> tuple[int, int]:

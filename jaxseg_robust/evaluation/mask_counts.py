@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxseg_robust.data.coco_rle import decode_into
 from jaxseg_robust.metrics.mask_pairs import PairCounts, chunk_pair_counts, packed_words
-from jaxseg_robust.metrics.masks import boundary_width
+from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, boundary_width
 from jaxseg_robust.metrics.run_pairs import pair_intersections, run_table
 from jaxseg_robust.runner.progress import make_progress
 
@@ -64,7 +64,7 @@ class CountSettings:
         Boundary counts always run on the device.
     """
 
-    dilation_ratio: float = 0.02
+    dilation_ratio: float = DEFAULT_DILATION_RATIO
     with_boundary: bool = True
     chunk_masks: int = 64
     progress: str = "auto"

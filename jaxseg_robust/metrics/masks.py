@@ -53,6 +53,13 @@ DEFAULT_DILATION_RATIO = 0.02
 
 # ---- geometry helpers (host) ---------------------------------------------------
 
+def check_dilation_ratio(dilation_ratio) -> None:
+    """ValueError unless ``dilation_ratio`` (the band width relative to the image diagonal) is a finite number >= 0."""
+    is_number = isinstance(dilation_ratio, (int, float, np.floating)) and not isinstance(dilation_ratio, bool)
+    if not is_number or not math.isfinite(dilation_ratio) or dilation_ratio < 0:
+        raise ValueError(f"dilation_ratio must be a finite number >= 0, got {dilation_ratio!r}")
+
+
 def boundary_width(height: int, width: int, dilation_ratio: float = DEFAULT_DILATION_RATIO) -> int:
     """Boundary band width d in pixels for an ``height x width`` image (host-side Python).
 
@@ -63,9 +70,7 @@ def boundary_width(height: int, width: int, dilation_ratio: float = DEFAULT_DILA
     for name, value in (("height", height), ("width", width)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    is_number = isinstance(dilation_ratio, (int, float, np.floating)) and not isinstance(dilation_ratio, bool)
-    if not is_number or not math.isfinite(dilation_ratio) or dilation_ratio < 0:
-        raise ValueError(f"dilation_ratio must be a finite number >= 0, got {dilation_ratio!r}")
+    check_dilation_ratio(dilation_ratio)
     diagonal = math.sqrt(float(height) ** 2 + float(width) ** 2)
     return max(int(round(dilation_ratio * diagonal)), 1)
 
@@ -141,6 +146,12 @@ def _prepare(gt, pred, valid) -> _Packed:
     # GT and prediction share one stacked array so each filter is traced once.
     masks = pack_rows(jnp.stack([gt & valid, pred], axis=-3))
     return _Packed(masks, valid_words, tuple(gt.shape))
+
+
+def _prepare_with_width(gt, pred, valid, dilation_ratio: float, width: int | None) -> tuple[_Packed, int]:
+    """The packed masks (`_prepare`) and the static band width d in pixels (`_resolve_width`)."""
+    packed = _prepare(gt, pred, valid)
+    return packed, _resolve_width(packed.shape, dilation_ratio, width)
 
 
 def _boundary_words(words, width: int, height: int) -> jnp.ndarray:
@@ -231,8 +242,7 @@ def boundary_iou(
     Returns:
       float32[...].
     """
-    packed = _prepare(gt, pred, valid)
-    d = _resolve_width(packed.shape, dilation_ratio, width)
+    packed, d = _prepare_with_width(gt, pred, valid, dilation_ratio, width)
     return _boundary_iou_packed(packed, d, empty_value)
 
 
@@ -254,8 +264,7 @@ def min_iou_boundary_iou(
     Returns:
       float32[...].
     """
-    packed = _prepare(gt, pred, valid)
-    d = _resolve_width(packed.shape, dilation_ratio, width)
+    packed, d = _prepare_with_width(gt, pred, valid, dilation_ratio, width)
     return jnp.minimum(ratio(*_iou_counts(packed), empty_value), _boundary_iou_packed(packed, d, empty_value))
 
 
@@ -288,8 +297,7 @@ def trimap_iou(
     Returns:
       float32[...].
     """
-    packed = _prepare(gt, pred, valid)
-    d = _resolve_width(packed.shape, dilation_ratio, width)
+    packed, d = _prepare_with_width(gt, pred, valid, dilation_ratio, width)
     band_gt = dilate_packed(_boundary_words(packed.gt, 1, packed.height), d, packed.height)
     return _trimap_iou_packed(packed, band_gt, empty_value)
 
@@ -344,8 +352,7 @@ def boundary_f_measure(
     Returns:
       BoundaryF(f_measure, precision, recall), each float32[...].
     """
-    packed = _prepare(gt, pred, valid)
-    d = _resolve_width(packed.shape, dilation_ratio, width)
+    packed, d = _prepare_with_width(gt, pred, valid, dilation_ratio, width)
     return _boundary_f_packed(packed, *_contours_and_bands(packed, d))
 
 
@@ -383,8 +390,7 @@ def mask_scores(
     Returns:
       MaskScores of float32[...] scores and int32[...] counts.
     """
-    packed = _prepare(gt, pred, valid)
-    d = _resolve_width(packed.shape, dilation_ratio, width)
+    packed, d = _prepare_with_width(gt, pred, valid, dilation_ratio, width)
     inter, union = _iou_counts(packed)
     iou = ratio(inter, union, empty_value)
     biou = _boundary_iou_packed(packed, d, empty_value)

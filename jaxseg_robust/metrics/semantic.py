@@ -169,6 +169,14 @@ def _dataset_total(confusions) -> jnp.ndarray:
     return jnp.sum(confusions.astype(jnp.float32), axis=-3)
 
 
+def _mean_over_images(per_image_metric, confusions, with_background: bool, background_class: int) -> jnp.ndarray:
+    """Mean over images of ``per_image_metric`` (`mean_iou` or `pixel_accuracy`) of [..., N, C, C]
+    confusions, NaN images skipped: float32[...]."""
+    confusions = _check_confusion(confusions, min_ndim=3)
+    per_image = per_image_metric(confusions, with_background=with_background, background_class=background_class)
+    return _nan_mean(per_image, -1)
+
+
 @functools.partial(jax.jit, static_argnames=("with_background", "background_class"))
 def cmiou(
     confusions, *, with_background: bool = True, background_class: int = BACKGROUND_CLASS
@@ -196,9 +204,7 @@ def nmiou(
     Returns:
       float32[...]; NaN when every image is NaN.
     """
-    confusions = _check_confusion(confusions, min_ndim=3)
-    per_image = mean_iou(confusions, with_background=with_background, background_class=background_class)
-    return _nan_mean(per_image, -1)
+    return _mean_over_images(mean_iou, confusions, with_background, background_class)
 
 
 @functools.partial(jax.jit, static_argnames=("with_background", "background_class"))
@@ -229,6 +235,4 @@ def mean_image_pixel_accuracy(
     Returns:
       float32[...].
     """
-    confusions = _check_confusion(confusions, min_ndim=3)
-    per_image = pixel_accuracy(confusions, with_background=with_background, background_class=background_class)
-    return _nan_mean(per_image, -1)
+    return _mean_over_images(pixel_accuracy, confusions, with_background, background_class)

@@ -91,6 +91,28 @@ def antialias_taps(in_size: int, out_size: int) -> Taps:
     return index.astype(np.int32), weight.astype(f32)
 
 
+def linear_taps_at(src: np.ndarray, in_size: int) -> Taps:
+    """Tap table of linear interpolation at source positions ``src`` (host, numpy).
+
+    Args:
+      src: float[out_size] non-negative source positions in input samples; their
+        dtype is the arithmetic of the weights (float32 or float64).
+      in_size: input samples (> 0).
+
+    Returns:
+      (index int32[out_size, 2], weight ``src.dtype``[out_size, 2]): left sample
+      ``floor(src)`` and right sample, both clamped at ``in_size - 1``, with weights
+      ``(1 - l, l)``, ``l = clip(src - floor(src), 0, 1)``.
+    """
+    f = src.dtype.type
+    i0 = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+    lam = np.clip(src - i0.astype(f), 0.0, 1.0).astype(f)
+    i1 = np.where(i0 < in_size - 1, i0 + 1, i0)
+    index = np.stack([i0, i1], axis=1).astype(np.int32)
+    weight = np.stack([f(1.0) - lam, lam], axis=1).astype(f)
+    return index, weight
+
+
 def linear_taps(in_size: int, out_size: int, dtype=np.float32) -> Taps:
     """Tap table of torch's (bi)linear resize without antialias, one axis (host, numpy).
 
@@ -111,13 +133,7 @@ def linear_taps(in_size: int, out_size: int, dtype=np.float32) -> Taps:
     # multiply-add (a single float32 rounding); float64 then one cast emulates it.
     centres = (np.arange(out_size) + f(0.5)).astype(f).astype(np.float64)
     src = (np.float64(scale) * centres - 0.5).astype(f)
-    src = np.maximum(src, f(0.0))
-    i0 = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
-    lam = np.clip(src - i0.astype(f), 0.0, 1.0).astype(f)
-    i1 = np.where(i0 < in_size - 1, i0 + 1, i0)
-    index = np.stack([i0, i1], axis=1).astype(np.int32)
-    weight = np.stack([f(1.0) - lam, lam], axis=1).astype(f)
-    return index, weight
+    return linear_taps_at(np.maximum(src, f(0.0)), in_size)
 
 
 def apply_taps(x: jnp.ndarray, taps: Taps, axis: int) -> jnp.ndarray:
@@ -397,7 +413,7 @@ def scale_factors(original_hw: tuple[int, int], resized_hw: tuple[int, int]) -> 
 
 
 __all__ = [
-    "longest_side_shape", "antialias_taps", "linear_taps", "apply_taps",
+    "longest_side_shape", "antialias_taps", "linear_taps_at", "linear_taps", "apply_taps",
     "resize_bilinear_antialias", "resize_bilinear_antialias_host", "resize_bilinear",
     "traced_linear_taps",
     "upsample_sam_logits", "pad_to_square", "scale_factors",

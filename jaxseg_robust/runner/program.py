@@ -178,6 +178,23 @@ class BatchProtocol(Protocol):
     def instance(self, segmenter, params, aux_params, inputs: InstanceInputs) -> Mapping: ...
 
 
+
+class ConfigProtocol:
+    """Base of a `BatchProtocol` that keeps its settings in ``self.config`` and needs no host inputs.
+
+    ``dilation_ratio`` is ``self.config.dilation_ratio``; ``host_inputs`` is ``{}``
+    for every slot. Subclasses are frozen dataclasses with a ``config`` field or property.
+    """
+
+    @property
+    def dilation_ratio(self) -> float:
+        """Boundary IoU band ratio of the widths the program passes."""
+        return self.config.dilation_ratio
+
+    def host_inputs(self, segmenter, slot) -> dict:
+        """No host inputs."""
+        return {}
+
 # ---- host side ------------------------------------------------------------------------------
 
 def check_batch(batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -642,6 +659,6 @@ class HostDrivenProgram:
 
 
 __all__ = ["TIMING_KEY", "CompileEvent", "CompileLog", "batch_timing", "unix_time", "RetraceError", "InstanceInputs",
-           "HostSlot", "BatchProtocol", "check_batch", "stack_trees", "place_like", "host_device", "host_arguments",
+           "HostSlot", "BatchProtocol", "ConfigProtocol", "check_batch", "stack_trees", "place_like", "host_device", "host_arguments",
            "CompiledFunction", "DeviceProgram", "device_program", "ProgramBatch", "BatchProgram",
            "HostDrivenProtocol", "HostDrivenProgram"]

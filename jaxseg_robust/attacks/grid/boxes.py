@@ -14,7 +14,6 @@ draws every distinct box's score at its four corners (§5.3).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import flax.struct
 import jax
@@ -31,12 +30,12 @@ from jaxseg_robust.attacks.grid.candidates import (
     heatmap_extremes,
 )
 from jaxseg_robust.attacks.grid.clicks import check_frame
-from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
+from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, check_dilation_ratio
 from jaxseg_robust.metrics.packed import pack_target, packed_scores
 from jaxseg_robust.models.base import Transform, image_region
 from jaxseg_robust.ops.boxes import tight_box
 from jaxseg_robust.prompts.types import box_prompts
-from jaxseg_robust.runner.program import BatchProgram, InstanceInputs
+from jaxseg_robust.runner.program import BatchProgram, ConfigProtocol, InstanceInputs
 
 
 @flax.struct.dataclass
@@ -298,27 +297,16 @@ class BoxGridConfig:
         for name in ("multimask_output", "corner_heatmap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool; got {getattr(self, name)!r}")
-        ratio = self.dilation_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio < 0:
-            raise ValueError(f"dilation_ratio must be a finite number >= 0; got {ratio!r}")
+        check_dilation_ratio(self.dilation_ratio)
 
 
 @dataclasses.dataclass(frozen=True)
-class BoxGridProtocol:
+class BoxGridProtocol(ConfigProtocol):
     """The centred box grid as one per-instance function (`runner.program.BatchProtocol`)."""
 
     config: BoxGridConfig = BoxGridConfig()
 
     name = "box grid"
-
-    @property
-    def dilation_ratio(self) -> float:
-        """Boundary IoU band ratio of the widths the program passes."""
-        return self.config.dilation_ratio
-
-    def host_inputs(self, segmenter, slot) -> dict:
-        """No host inputs."""
-        return {}
 
     def instance(self, segmenter, params, aux_params, inputs: InstanceInputs) -> dict:
         """Heat maps, extremes and the tight box's scores of one instance (`make_box_grid_batch_fn`)."""

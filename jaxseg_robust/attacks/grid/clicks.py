@@ -13,7 +13,6 @@ model's feedback of its prediction are fixed and the grid click is the second.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import flax.struct
 import jax
@@ -30,13 +29,13 @@ from jaxseg_robust.attacks.grid.candidates import (
     grid_axis,
     heatmap_extremes,
 )
-from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
+from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, check_dilation_ratio
 from jaxseg_robust.metrics.packed import pack_target, packed_scores
 from jaxseg_robust.models.base import Transform, image_region
 from jaxseg_robust.ops.labels import IGNORE_LABEL
 from jaxseg_robust.prompts.clicker import error_masks, mark_clicked, next_click, xy_of
 from jaxseg_robust.prompts.types import NEGATIVE_LABEL, POSITIVE_LABEL, Prompts, append_click, empty_prompts
-from jaxseg_robust.runner.program import BatchProgram, InstanceInputs
+from jaxseg_robust.runner.program import BatchProgram, ConfigProtocol, InstanceInputs
 
 DEFAULT_THRESHOLD = 0.5  # the SAM family's (Segmenter.probability_threshold is the default of the builders)
 CLICK_REGIONS = ("image", "object", "error")
@@ -176,9 +175,7 @@ class ClickGridConfig:
             raise ValueError(f"thr must be a number in [0, 1); got {self.thr!r}")
         if not isinstance(self.multimask_output, bool):
             raise ValueError(f"multimask_output must be a bool; got {self.multimask_output!r}")
-        ratio = self.dilation_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio < 0:
-            raise ValueError(f"dilation_ratio must be a finite number >= 0; got {ratio!r}")
+        check_dilation_ratio(self.dilation_ratio)
 
 
 def extreme_outputs(prefix: str, extremes: Extremes, to_position) -> dict:
@@ -223,21 +220,12 @@ def baseline_prefix(segmenter, params, features, transform: Transform, gt, confi
 
 
 @dataclasses.dataclass(frozen=True)
-class ClickGridProtocol:
+class ClickGridProtocol(ConfigProtocol):
     """The click grid as one per-instance function (`runner.program.BatchProtocol`)."""
 
     config: ClickGridConfig = ClickGridConfig()
 
     name = "click grid"
-
-    @property
-    def dilation_ratio(self) -> float:
-        """Boundary IoU band ratio of the widths the program passes."""
-        return self.config.dilation_ratio
-
-    def host_inputs(self, segmenter, slot) -> dict:
-        """No host inputs."""
-        return {}
 
     def instance(self, segmenter, params, aux_params, inputs: InstanceInputs) -> dict:
         """Heat maps, extremes and the baseline click's scores of one instance (`make_click_grid_batch_fn`)."""
