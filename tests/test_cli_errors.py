@@ -11,9 +11,9 @@ import pytest
 
 from cli_helpers import folder_flags, make_folder, run_cli
 from jaxseg_robust import cli
-from jaxseg_robust.commands import grid as grid_command
 from jaxseg_robust.commands import perturb as perturb_command
 from jaxseg_robust.commands import score as score_command
+from jaxseg_robust.runs import execute as run_execute
 
 UNWRITABLE = "/proc/jaxseg_robust_no_such_dir"
 
@@ -80,7 +80,7 @@ def test_ctrl_c_exits_130_in_one_line(tmp_path, capsys, monkeypatch, command, st
         monkeypatch.setattr(score_command, "score_buckets", stop)
         argv = ["score", "--example", str(tmp_path / "ex")]
     elif command == "grid":
-        monkeypatch.setattr(grid_command, "run_protocol", stop)
+        monkeypatch.setattr(run_execute, "run_plan", stop)
         argv = ["grid", "--kind", "box", "--model", "sam_tiny", *folder_flags(folder), "--out", str(tmp_path / "r")]
     else:
         monkeypatch.setattr(perturb_command, "load_target", stop)

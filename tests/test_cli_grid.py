@@ -11,7 +11,7 @@ import pytest
 
 from jaxseg_robust import cli
 from jaxseg_robust.attacks.grid.clicks import RECORDS_FORMAT as CLICK_GRID_RECORDS_FORMAT
-from jaxseg_robust.commands.grid import crop_outputs, heatmap_path
+from jaxseg_robust.runs.grid import crop_outputs, heatmap_path
 from jaxseg_robust.reports.grid import grid_table, load_heatmaps, to_csv, to_markdown
 
 from cli_helpers import (

@@ -9,7 +9,7 @@ from PIL import Image
 
 from cli_helpers import GOOD, folder_flags, make_folder, run_cli
 from jaxseg_robust import cli
-from jaxseg_robust.commands.grid import prompt_count
+from jaxseg_robust.runs.grid import prompt_count
 from jaxseg_robust.data.datasets import DatasetWarning
 from jaxseg_robust.runner.records import latest_records, read_run_records
 

@@ -83,7 +83,7 @@ def test_breps_report_tables_and_box_plots(runs, tmp_path, capsys):
 
 
 def test_breps_report_draws_the_recorded_masks_and_skips_runs_without(runs, tmp_path, capsys):
-    from jaxseg_robust.commands.breps import store_masks_finalize
+    from jaxseg_robust.runs.breps import store_masks_finalize
     from jaxseg_robust.reports.artifacts import read_mask
 
     root, instances, _, old_breps, _ = runs

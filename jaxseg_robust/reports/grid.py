@@ -1,7 +1,7 @@
 """Grid report: per-dataset min / max / baseline of the click or box grids, and heatmap plots.
 
 Records (``jaxseg-robust grid``): per instance the grid's scalars and
-``heatmaps`` (an npz file in the run directory, `jaxseg_robust.commands.grid`).
+``heatmaps`` (an npz file in the run directory, `jaxseg_robust.runs.grid`).
 
 Columns, each the mean over a dataset's ok instances of a per-instance value
 (NaN skipped; an instance whose heatmap has no finite cell has NaN extremes):

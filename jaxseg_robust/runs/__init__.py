@@ -7,11 +7,13 @@ instances, loads the model, runs the protocol's batch program with the engine
 (resume, records, timings) and writes the per-dataset table.
 """
 
+from jaxseg_robust.runs.breps import BrepsSpec
 from jaxseg_robust.runs.execute import RunResult, evaluate
+from jaxseg_robust.runs.grid import GridSpec
 from jaxseg_robust.runs.loading import LoadedModel, load_instances, load_model
 from jaxseg_robust.runs.protocol import ProtocolSpec, RunPlan, RunTables
 from jaxseg_robust.runs.spec import DataSpec, EngineSpec, ModelSpec, RunError, RunSpec
 from jaxseg_robust.runs.tetris import TetrisSpec
 
-__all__ = ["DataSpec", "EngineSpec", "LoadedModel", "ModelSpec", "ProtocolSpec", "RunError", "RunPlan", "RunResult",
-           "RunSpec", "RunTables", "TetrisSpec", "evaluate", "load_instances", "load_model"]
+__all__ = ["BrepsSpec", "DataSpec", "EngineSpec", "GridSpec", "LoadedModel", "ModelSpec", "ProtocolSpec", "RunError",
+           "RunPlan", "RunResult", "RunSpec", "RunTables", "TetrisSpec", "evaluate", "load_instances", "load_model"]
