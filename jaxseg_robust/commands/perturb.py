@@ -13,7 +13,6 @@ vs robust table and writes the report of `jaxseg_robust.reports.perturb` into ``
 from __future__ import annotations
 
 import argparse
-import fractions
 import pathlib
 
 from jaxseg_robust.attacks.perturb.battery_program import LABEL_MODES
@@ -23,8 +22,8 @@ from jaxseg_robust.commands.run_specs import FlagNames, data_spec_of, engine_spe
 from jaxseg_robust.commands.running import print_outcome, report_error, startup_line
 from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK
 from jaxseg_robust.runs.perturb import (DEFAULT_ATTACKS, MSL_TRACKS, SEA_SCHEDULES, SEMANTIC_DATASETS, VOID_POLICIES,
-                                        PerturbSpec)
-from jaxseg_robust.runs.spec import RunSpec
+                                        PerturbSpec, epsilon_of)
+from jaxseg_robust.runs.spec import RunError, RunSpec
 
 SELECTION_CHOICES = ("auto", "with-background", "without-background")
 SELECTION_VALUES = {"auto": None, "with-background": True, "without-background": False}
@@ -114,14 +113,12 @@ def register(subparsers) -> None:
 # ---------------------------------------------------------------------------- arguments
 
 def parse_epsilon(text: str) -> float:
-    """``"8/255"`` or ``"0.031"`` -> float in (0, 1]; ValueError naming --eps otherwise."""
+    """``"8/255"`` or ``"0.031"`` -> float in (0, 1] (`runs.perturb.epsilon_of`); ValueError naming --eps
+    otherwise."""
     try:
-        value = float(fractions.Fraction(str(text).strip()))
-    except (ValueError, ZeroDivisionError):
-        raise ValueError(f"--eps must be a number or a fraction like 8/255, got {text!r}") from None
-    if not 0 < value <= 1:
-        raise ValueError(f"--eps must be in (0, 1] (image units), got {text!r} = {value}")
-    return value
+        return epsilon_of(text)
+    except RunError as error:
+        raise ValueError(error.render(FLAG_NAMES)) from None
 
 
 def parse_attacks(text: str) -> tuple[str, ...]:
@@ -171,7 +168,7 @@ def report_only(run_dir: pathlib.Path) -> int:
 def run(args) -> int:
     """Runs the spec of the flags into ``--out`` (or only the report, ``--report-only``) and prints the
     table; returns an exit code of `jaxseg_robust.exit_codes`."""
-    from jaxseg_robust.runs import RunError, evaluate  # noqa: PLC0415
+    from jaxseg_robust.runs import evaluate  # noqa: PLC0415
 
     if args.report_only:
         return report_only(pathlib.Path(args.out))
