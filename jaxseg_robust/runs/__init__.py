@@ -11,7 +11,9 @@ from jaxseg_robust.runs.execute import RunResult, evaluate
 from jaxseg_robust.runs.loading import LoadedModel, load_instances, load_model
 from jaxseg_robust.runs.protocol import ProtocolSpec, RunPlan, RunTables
 from jaxseg_robust.runs.spec import DataSpec, EngineSpec, ModelSpec, RunError, RunSpec
+from jaxseg_robust.runs.perturb import PerturbSpec
 from jaxseg_robust.runs.tetris import TetrisSpec
 
 __all__ = ["DataSpec", "EngineSpec", "LoadedModel", "ModelSpec", "ProtocolSpec", "RunError", "RunPlan", "RunResult",
            "RunSpec", "RunTables", "TetrisSpec", "evaluate", "load_instances", "load_model"]
+__all__ += ["PerturbSpec"]
