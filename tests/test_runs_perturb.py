@@ -77,3 +77,10 @@ def test_class_counts_that_do_not_fit_are_run_errors(folder_and_model, tmp_path)
         evaluate(_spec(folder, model, dataset="voc"), tmp_path / "run", say=lambda line: None)
     assert error.value.render(FLAG_NAMES) == ("give either --dataset (voc, cityscapes) or --datasets / --folder, "
                                               "not both")
+
+
+def test_attack_groups_are_refused_where_candidate_names_are_due():
+    with pytest.raises(RunError) as error:
+        PerturbSpec(attacks=("sea", "dag_0.003")).check()
+    assert error.value.template.startswith("{attacks} must be candidate names out of padam_ce, padam_cos")
+    PerturbSpec(attacks=("sea_mce", "dag_0.003")).check()

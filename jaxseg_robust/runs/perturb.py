@@ -78,7 +78,9 @@ class PerturbSpec(ProtocolSpec):
     """The perturbation battery's settings (module docstring; docs/protocols/perturbation.md).
 
     Attributes:
-      attacks: battery candidate names (`attacks.perturb.ensemble.attack_names`; default: every family).
+      attacks: battery candidate names, `attacks.perturb.ensemble.CANDIDATE_ORDER` but "clean" (the
+        command's groups such as "sea" are expanded by `attacks.perturb.ensemble.attack_names`; default:
+        every family).
       epsilon: the L∞ radius, image units in (0, 1].
       epsilon_text: ε as written, recorded in the manifest (None: ``repr(epsilon)``).
       labels: "gt" (score against the masks; binary models) or "prediction" (the model's clean prediction).
@@ -138,16 +140,17 @@ class PerturbSpec(ProtocolSpec):
 
     def check(self) -> None:
         """Raises `RunError` naming the field of a value the battery cannot run."""
-        from jaxseg_robust.attacks.perturb.ensemble import attack_names  # noqa: PLC0415
+        from jaxseg_robust.attacks.perturb.ensemble import CANDIDATE_ORDER  # noqa: PLC0415
 
         if not 0 < self.epsilon <= 1:
             raise RunError(f"{{epsilon}} must be in (0, 1] (image units), got {self.epsilon}")
         if self.epsilon_text is not None and epsilon_of(self.epsilon_text) != self.epsilon:
             raise RunError(f"{{epsilon_text}} {self.epsilon_text!r} is not {{epsilon}} {self.epsilon}")
-        try:
-            attack_names(",".join(self.attacks))
-        except ValueError as error:
-            raise RunError(f"{{attacks}}: {error}") from None
+        attackers = CANDIDATE_ORDER[1:]  # "clean" is ``include_clean``
+        unknown = [name for name in self.attacks if name not in attackers]
+        if unknown or not self.attacks:
+            raise RunError(f"{{attacks}} must be candidate names out of {', '.join(attackers)} (e.g. "
+                           f"attacks.perturb.ensemble.attack_names('sea,dag')); got {tuple(self.attacks)}")
         for field, value, allowed in (("labels", self.labels, LABEL_MODES),
                                       ("void_policy", self.void_policy, (None, *VOID_POLICIES)),
                                       ("sea_schedule", self.sea_schedule, SEA_SCHEDULES),
@@ -197,7 +200,8 @@ class PerturbSpec(ProtocolSpec):
 
     def battery_config(self, num_classes: int, background_class: int | None):
         """The `attacks.perturb.ensemble.BatteryConfig` of these settings for a model of ``num_classes``
-        classes whose background class is ``background_class`` (None: none; 0 is then dropped by nothing)."""
+        classes whose background class is ``background_class`` (None: the model has none; the config then
+        holds the battery's default, 0)."""
         from jaxseg_robust.attacks.perturb.ensemble import BatteryConfig  # noqa: PLC0415
 
         return BatteryConfig(num_classes=num_classes, epsilon=self.epsilon, void_policy=self.void_policy_used(),
@@ -242,8 +246,8 @@ class PerturbSpec(ProtocolSpec):
         return refs if data.limit is None else refs[:data.limit]
 
     def load_model(self, model: ModelSpec, instances: BatteryInstances, mesh, say: Say) -> Target:
-        """The attacked `Target` (`attacks.perturb.target.load_target`; placed on the default device, the
-        batch is one instance), its class count checked (`check_classes`).
+        """The attacked `Target` (`attacks.perturb.target.load_target`, which places the weights on the
+        default device; ``mesh`` is not used), its class count checked (`check_classes`).
 
         Raises:
           RunError: no model, unknown name, missing or damaged weights, a class count that does not fit.
