@@ -11,9 +11,9 @@ import pytest
 
 from cli_helpers import folder_flags, make_folder, run_cli
 from jaxseg_robust import cli
-from jaxseg_robust.commands import perturb as perturb_command
 from jaxseg_robust.commands import score as score_command
 from jaxseg_robust.runs import execute as run_execute
+from jaxseg_robust.runs import perturb as perturb_spec
 
 UNWRITABLE = "/proc/jaxseg_robust_no_such_dir"
 
@@ -40,7 +40,7 @@ def test_score_checks_out_before_scoring(tmp_path, capsys, monkeypatch):
 
 
 def test_perturb_checks_out_before_loading_the_model(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(perturb_command, "load_target", _fail_if_called)
+    monkeypatch.setattr(perturb_spec, "load_target", _fail_if_called)
     code, _, err = run_cli(["perturb", "--model", "sam_tiny", "--random-init", "--datasets", str(tmp_path),
                             "--out", f"{UNWRITABLE}/p"], capsys)
     assert code == cli.EXIT_FAILURE
@@ -83,7 +83,7 @@ def test_ctrl_c_exits_130_in_one_line(tmp_path, capsys, monkeypatch, command, st
         monkeypatch.setattr(run_execute, "run_plan", stop)
         argv = ["grid", "--kind", "box", "--model", "sam_tiny", *folder_flags(folder), "--out", str(tmp_path / "r")]
     else:
-        monkeypatch.setattr(perturb_command, "load_target", stop)
+        monkeypatch.setattr(perturb_spec, "load_target", stop)
         argv = ["perturb", "--model", "sam_tiny", "--random-init", "--datasets", str(folder),
                 "--out", str(tmp_path / "p")]
     before = signal.getsignal(signal.SIGTERM)

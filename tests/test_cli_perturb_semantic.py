@@ -22,7 +22,7 @@ from semantic_folders import make_cityscapes, save_semseg, save_upernet, write_v
 
 from jaxseg_robust.cli import EXIT_FAILURE, EXIT_PARTIAL, main
 from jaxseg_robust.commands import build_parser
-from jaxseg_robust.commands.perturb import prepare
+from jaxseg_robust.commands.perturb import spec_of
 from jaxseg_robust.data.semantic import CITYSCAPES_EVAL_IDS, resize_labels
 from jaxseg_robust.reports import perturb as report
 from jaxseg_robust.reports.perturb_tables import per_attack_rows, worst_case_rows
@@ -99,13 +99,21 @@ def test_voc_run_writes_the_paper_tables(voc_run, capsys):
     assert "| Acc | fg |" in table
 
 
+def _listed_and_battery(args):
+    """(the listed instances, the `BatteryConfig` of the 21-class tiny PSPNet) of the flags' run spec."""
+    spec = spec_of(args)
+    spec.protocol.check()
+    listed = spec.protocol.load_instances(spec.data, say=print)
+    return listed.refs, spec.protocol.battery_config(21, 0)
+
+
 def test_flags_reach_the_battery_config(semseg_dir, voc_root):
     common = ["--model", str(semseg_dir), "--dataset", "voc", "--data-root", str(voc_root), "--out", "unused"]
-    _, instances, battery = prepare(_args(*common))
+    instances, battery = _listed_and_battery(_args(*common))
     assert [i.size for i in instances] == [(512, 640)] * 4  # the paper's shorter side -> 512 (listing only)
     assert (battery.msl_track, battery.alma_lr_init, battery.include_clean, battery.select_with_background,
             battery.reference_quirks, battery.void_policy) == (None, 1e-4, True, None, True, "as_background")
-    _, instances, battery = prepare(_args(
+    instances, battery = _listed_and_battery(_args(
         *common, "--msl-track", "masked", "--alma-lr-init", "1e-3", "--no-include-clean",
         "--select-with-background", "without-background", "--no-reference-quirks", "--void-policy", "ignore",
         "--resize", "longer:25", "--limit", "2"))

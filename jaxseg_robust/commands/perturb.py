@@ -1,38 +1,35 @@
 """`jaxseg-robust perturb`: the L∞ image-perturbation battery on a dense or prompted model, resumable.
 
 The attacks, models, labels, padding and records are those of docs/protocols/perturbation.md. This
-module maps the flags to the battery's settings (`attacks.perturb.ensemble.BatteryConfig`), loads the
-model (`attacks.perturb.target.load_target`: a converted dense directory, or a SAM-family zoo name /
-directory with one tight GT box per image) and the instances, and runs the battery as a protocol of
-the one batch program (`attacks.perturb.battery_program`) through `jaxseg_robust.runner.engine.run`:
-one append-only record per instance (`reports.perturb_records`), so a killed run resumes where it
-stopped. At the end it prints the clean vs robust table and writes the report of
-`jaxseg_robust.reports.perturb` into ``RUN_DIR/report``.
+module maps the flags once to a `jaxseg_robust.runs.PerturbSpec` (with the model, data and engine
+specs of every command) and runs it with `jaxseg_robust.runs.evaluate`: the attacked model
+(`attacks.perturb.target.load_target`: a converted dense directory, or a SAM-family zoo name /
+directory with one tight GT box per image), one append-only record per instance
+(`reports.perturb_records`), so a killed run resumes where it stopped. At the end it prints the clean
+vs robust table and writes the report of `jaxseg_robust.reports.perturb` into ``RUN_DIR/report``;
+``--report-only`` rebuilds that report of an existing run directory and runs nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import fractions
-import os
 import pathlib
 
-from jaxseg_robust.exit_codes import EXIT_OK
-from jaxseg_robust.commands.flags import (DEVICE_EPILOG, CommandError, add_dataset_arguments, add_flag,
-                                          add_model_arguments, add_run_arguments, non_negative_int, positive_float,
-                                          positive_int)
-from jaxseg_robust.commands.loading import load_instances
-from jaxseg_robust.commands.running import (report_error, resized_line, run_protocol, start_processes,
-                                            timed_finalize_of)
 from jaxseg_robust.attacks.perturb.battery_program import LABEL_MODES
-from jaxseg_robust.attacks.perturb.target import Target, load_target
-from jaxseg_robust.runner.engine import recorded_counts
+from jaxseg_robust.commands.flags import (DEVICE_EPILOG, add_dataset_arguments, add_flag, add_model_arguments,
+                                          add_run_arguments, non_negative_int, positive_float, positive_int)
+from jaxseg_robust.commands.run_specs import FlagNames, data_spec_of, engine_spec_of, model_spec_of
+from jaxseg_robust.commands.running import print_outcome, report_error, startup_line
+from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK
+from jaxseg_robust.runs.perturb import (DEFAULT_ATTACKS, MSL_TRACKS, SEA_SCHEDULES, SEMANTIC_DATASETS, VOID_POLICIES,
+                                        PerturbSpec, epsilon_of)
+from jaxseg_robust.runs.spec import RunError, RunSpec
 
-DEFAULT_ATTACKS = "padam-ce,padam-cos,sea,dag,alma-prox,pdpgd"
-SEMANTIC_DATASETS = ("voc", "cityscapes")
 SELECTION_CHOICES = ("auto", "with-background", "without-background")
 SELECTION_VALUES = {"auto": None, "with-background": True, "without-background": False}
-COMMAND = "perturb"
+COMMAND = PerturbSpec.command
+FLAG_NAMES = FlagNames(epsilon="--eps", epsilon_text="--eps", multimask_output="--single-mask",
+                       report="--no-report")
 
 EPILOG = """\
 examples:
@@ -71,7 +68,7 @@ def register(subparsers) -> None:
     semantic.add_argument("--resize", default=None, metavar="RULE",
                           help="shorter:N, longer:N, fixed:HxW or none (default: the paper's, VOC shorter:512, "
                                "Cityscapes fixed:512x1024)")
-    add_run_arguments(parser, default_batch_size=1, default_frame=None)  # images are attacked at their own size
+    add_run_arguments(parser, default_batch_size=PerturbSpec.default_batch_size, default_frame=None)  # images are attacked at their own size
     add_flag(semantic, "--pad-to-multiple", type=non_negative_int, default=0, metavar="N",
              help="opt-in: pad image and labels to H, W rounded up to a multiple of N (one compiled program set "
                   "per padded size; padding is void and never perturbed, but the model sees it as context, so "
@@ -85,11 +82,11 @@ def register(subparsers) -> None:
     add_flag(group, "--single-mask", action="store_true",
              help="SAM-family: single-mask output instead of the best of 3 by predicted IoU (default: the best "
                   "of 3)")
-    add_flag(group, "--void-policy", choices=("ignore", "as_background"), default=None,
+    add_flag(group, "--void-policy", choices=VOID_POLICIES, default=None,
              help="max-damage attacks on void pixels (default: as_background for --dataset voc, else ignore)")
-    add_flag(group, "--sea-schedule", choices=("progressive", "single"), default="progressive",
+    add_flag(group, "--sea-schedule", choices=SEA_SCHEDULES, default="progressive",
              help="SEA's loss schedule: progressive (the paper's three phases) or single (default %(default)s)")
-    add_flag(group, "--msl-track", choices=("masked", "unmasked"), default=None,
+    add_flag(group, "--msl-track", choices=MSL_TRACKS, default=None,
              help="SEA-MSL tracked loss (default: follow --sea-schedule; docs §8.2 #2)")
     add_flag(group, "--alma-lr-init", type=positive_float, default=1e-4,
              help="ALMA prox initial step (default %(default)s, the released code; Rony et al.: 1e-3)")
@@ -116,14 +113,12 @@ def register(subparsers) -> None:
 # ---------------------------------------------------------------------------- arguments
 
 def parse_epsilon(text: str) -> float:
-    """``"8/255"`` or ``"0.031"`` -> float in (0, 1]; ValueError naming --eps otherwise."""
+    """``"8/255"`` or ``"0.031"`` -> float in (0, 1] (`runs.perturb.epsilon_of`); ValueError naming --eps
+    otherwise."""
     try:
-        value = float(fractions.Fraction(str(text).strip()))
-    except (ValueError, ZeroDivisionError):
-        raise ValueError(f"--eps must be a number or a fraction like 8/255, got {text!r}") from None
-    if not 0 < value <= 1:
-        raise ValueError(f"--eps must be in (0, 1] (image units), got {text!r} = {value}")
-    return value
+        return epsilon_of(text)
+    except RunError as error:
+        raise ValueError(error.render(FLAG_NAMES)) from None
 
 
 def parse_attacks(text: str) -> tuple[str, ...]:
@@ -136,162 +131,56 @@ def parse_attacks(text: str) -> tuple[str, ...]:
         raise ValueError(f"--attacks: {error}") from None
 
 
-def check_schedule(args) -> None:
-    """The progressive SEA schedule needs three stages (ValueError naming --sea-iterations)."""
-    if args.sea_schedule == "progressive" and int(0.3 * args.sea_iterations) < 1:
-        raise ValueError(f"--sea-iterations must be >= 4 with the progressive schedule (three stages of "
-                         f"⌊0.3N⌋, ⌊0.3N⌋ and the rest), got {args.sea_iterations}")
+# ---------------------------------------------------------------------------- the run spec
+
+def spec_of(args) -> RunSpec:
+    """The `RunSpec` of the parsed flags (the protocol's: `jaxseg_robust.runs.PerturbSpec`).
+
+    Raises:
+      ValueError: a bad ``--eps`` or ``--attacks``, naming the flag.
+    """
+    protocol = PerturbSpec(
+        attacks=parse_attacks(args.attacks), epsilon=parse_epsilon(args.eps), epsilon_text=args.eps,
+        labels=args.labels, multimask_output=not args.single_mask, void_policy=args.void_policy,
+        sea_schedule=args.sea_schedule, msl_track=args.msl_track, alma_lr_init=args.alma_lr_init,
+        include_clean=args.include_clean, select_with_background=SELECTION_VALUES[args.select_with_background],
+        reference_quirks=args.reference_quirks, padam_steps=args.padam_steps, sea_iterations=args.sea_iterations,
+        dag_iterations=args.dag_iterations, alma_steps=args.alma_steps, pdpgd_steps=args.pdpgd_steps,
+        seed=args.seed, examples=args.examples, report=not args.no_report, dataset=args.dataset, split=args.split,
+        resize=args.resize, pad_to_multiple=args.pad_to_multiple)
+    return RunSpec(model=model_spec_of(args), protocol=protocol, data=data_spec_of(args),
+                   engine=engine_spec_of(args, frame=None))  # images are attacked at their own size
 
 
 # ---------------------------------------------------------------------------- the command
 
-def _report(out: pathlib.Path, write: bool) -> None:
+def report_only(run_dir: pathlib.Path) -> int:
+    """``--report-only``: rebuilds the summary and the report of an existing run directory and prints them."""
     from jaxseg_robust.reports.perturb import summarize_run  # noqa: PLC0415
 
-    print("\n".join(summarize_run(out, with_report=write)))
+    try:
+        print("\n".join(summarize_run(run_dir, with_report=True)))
+    except (FileNotFoundError, ValueError) as error:
+        return report_error(COMMAND, str(error))
+    return EXIT_OK
 
 
 def run(args) -> int:
-    """Runs the command; returns an exit code of `jaxseg_robust.exit_codes`."""
-    out = pathlib.Path(args.out)
+    """Runs the spec of the flags into ``--out`` (or only the report, ``--report-only``) and prints the
+    table; returns an exit code of `jaxseg_robust.exit_codes`."""
+    from jaxseg_robust.runs import evaluate  # noqa: PLC0415
+
     if args.report_only:
-        try:
-            _report(out, write=True)
-        except (FileNotFoundError, ValueError) as error:
-            return report_error(COMMAND, str(error))
-        return EXIT_OK
-    try:
-        start_processes(args)
-        target, instances, battery = prepare(args)
-        summary, compiled = run_battery_into(args, target, instances, battery)
-    except (CommandError, ValueError, OSError) as error:  # StoreError and DatasetError are ValueErrors
-        return report_error(COMMAND, str(error) if isinstance(error, (CommandError, ValueError))
-                            else f"{type(error).__name__}: {error}")
-    print(summary.format())
-    from jaxseg_robust.attacks.perturb.programs import format_compile_summary  # noqa: PLC0415
-
-    print(f"perturb: {format_compile_summary(compiled)}")
-    _report(out, write=not args.no_report)
-    resized = resized_line(out)
-    if resized is not None:
-        print(resized)
-    if recorded_counts(out)["ok"] == 0:
-        return report_error(COMMAND, "no instance could be processed")
-    return summary.exit_code
-
-
-def prepare(args):
-    """Checks the flags, loads the model and lists the instances: (`Target`, instances, `BatteryConfig`).
-
-    Raises:
-      ValueError / CommandError: naming the flag (nothing is computed before).
-    """
-    from jaxseg_robust.attacks.perturb.ensemble import BatteryConfig  # noqa: PLC0415
-
-    if args.dataset and (args.datasets or args.folder):
-        raise CommandError("give either --dataset (voc, cityscapes) or --datasets / --folder, not both")
+        return report_only(pathlib.Path(args.out))
     if not args.model or not (args.datasets or args.folder or args.dataset):
-        raise CommandError("give --model and --dataset or --datasets (or --report-only)")
-    if args.resize is not None and not args.dataset:
-        raise CommandError("--resize applies to --dataset voc|cityscapes (use --max-side with --datasets)")
-    check_schedule(args)
-    epsilon = parse_epsilon(args.eps)
-    attacks = parse_attacks(args.attacks)
-    target = load_target(args.model, random_seed=args.random_weights, multimask_output=not args.single_mask,
-                         compute_dtype=args.compute_dtype)
-    num_classes = int(target.model.num_classes)
-    if args.dataset:
-        from jaxseg_robust.data.semantic import CLASS_COUNTS  # noqa: PLC0415
-
-        expected = CLASS_COUNTS[args.dataset]
-        if num_classes != expected:
-            raise ValueError(f"--dataset {args.dataset} has {expected} classes but {args.model} predicts "
-                             f"{num_classes}")
-    elif args.labels == "gt" and num_classes != 2:
-        raise ValueError(f"--labels gt scores binary masks but {args.model} has {num_classes} classes; "
-                         f"use --labels prediction")
-    if "alma_prox" in attacks and num_classes < 3:
-        raise ValueError(f"alma-prox needs a model with >= 3 classes (its DLR constraint uses the top-3 "
-                         f"logits); {args.model} has {num_classes}: drop it from --attacks")
-    instances = load_semantic_instances(args, num_classes) if args.dataset else load_instances(args)
-    background = target.model.background_class
-    battery = BatteryConfig(num_classes=num_classes, epsilon=epsilon, void_policy=void_policy_of(args),
-                            background_class=0 if background is None else int(background),
-                            sea_schedule=args.sea_schedule, msl_track=args.msl_track,
-                            alma_lr_init=args.alma_lr_init, reference_quirks=args.reference_quirks,
-                            include_clean=args.include_clean,
-                            select_with_background=SELECTION_VALUES[args.select_with_background],
-                            attacks=attacks, padam_steps=args.padam_steps, sea_iterations=args.sea_iterations,
-                            dag_iterations=args.dag_iterations, alma_steps=args.alma_steps,
-                            pdpgd_steps=args.pdpgd_steps)
-    return target, instances, battery
-
-
-def void_policy_of(args) -> str:
-    """``--void-policy``, or its default: ``as_background`` for PASCAL VOC (§1.2), else ``ignore``."""
-    if args.void_policy is not None:
-        return args.void_policy
-    return "as_background" if args.dataset == "voc" else "ignore"
-
-
-def resize_rule_of(args):
-    """The `ResizeRule` of ``--resize`` or the paper's protocol of ``--dataset`` (`data.semantic.resize_rule`)."""
-    from jaxseg_robust.data.semantic import resize_rule  # noqa: PLC0415
-
-    return resize_rule(args.dataset, args.resize)
-
-
-def load_semantic_instances(args, num_classes: int) -> list:
-    """Lazy multi-class instances of ``--dataset`` under ``--data-root`` (``--split``, ``--resize``, ``--limit``).
-
-    Raises:
-      CommandError: no data root, or a listing error (it names the missing folder or file).
-    """
-    from jaxseg_robust.data import semantic  # noqa: PLC0415
-
-    root = args.data_root or os.environ.get("JAXSEG_ROBUST_DATA")
-    if not root:
-        raise CommandError("--dataset needs --data-root DIR (or $JAXSEG_ROBUST_DATA)")
+        return report_error(COMMAND, "give --model and --dataset or --datasets (or --report-only)")
     try:
-        refs = semantic.list_semantic_dataset(args.dataset, root, split=args.split, resize=resize_rule_of(args))
-    except ValueError as error:  # SemanticDatasetError, a bad --resize
-        raise CommandError(str(error)) from None
-    return semantic.instance_refs(refs if args.limit is None else refs[:args.limit], num_classes)
-
-
-def run_battery_into(args, target: Target, instances, battery):
-    """Runs the battery over the instances into ``args.out`` (`jaxseg_robust.runner.engine.run`).
-
-    Returns:
-      (the engine's `RunSummary`, the battery's compile summary: programs,
-      traces, compiles, compile_seconds, run_seconds; also appended to
-      ``RUN_DIR/compile.jsonl``).
-    """
-    from jaxseg_robust.attacks.perturb.battery_program import make_battery_batch_fn, manifest_config  # noqa: PLC0415
-    from jaxseg_robust.attacks.perturb.ensemble import battery_compile_summary, build_battery  # noqa: PLC0415
-    from jaxseg_robust.reports.artifacts import append_compile_summary  # noqa: PLC0415
-    from jaxseg_robust.reports.perturb_records import ExampleSaver, make_finalize  # noqa: PLC0415
-
-    candidates = build_battery(target.model.apply, battery)
-    names = tuple(c.name for c in candidates)
-    config = manifest_config(target, names, battery, epsilon_text=args.eps, labels_mode=args.labels,
-                             seed=args.seed, max_side=args.max_side)
-    if args.dataset:
-        from jaxseg_robust.data.semantic import rule_text  # noqa: PLC0415
-
-        config.update(dataset=args.dataset, split=args.split, resize=rule_text(resize_rule_of(args)))
-        del config["max_side"]
-    padded = args.pad_to_multiple > 0
-    if padded:
-        config["pad_to_multiple"] = args.pad_to_multiple
-        args = argparse.Namespace(**{**vars(args), "frame": f"round:{args.pad_to_multiple}"})
-    saver = ExampleSaver(pathlib.Path(args.out) / "examples", args.examples, names)
-    attacked = ", ".join(name for name in names if name != "clean")
-    print(f"perturb: {len(instances)} instances, attacks {attacked}, ε = {args.eps}, "
-          f"model {target.description['model']} ({target.description['kind']})", flush=True)
-    batch_fn = make_battery_batch_fn(target, candidates, battery, args.labels, args.seed, padded)
-    summary = run_protocol(args, instances=instances, config=config, model=target, check=None, batch_fn=batch_fn,
-                           finalize=timed_finalize_of(args, batch_fn, make_finalize(saver, battery.background_class)))
-    compiled = battery_compile_summary(candidates, target.model.apply, battery.num_classes)
-    append_compile_summary(args.out, compiled)
-    return summary, compiled
+        result = evaluate(spec_of(args), args.out, say=startup_line, field_names=FLAG_NAMES)
+    except RunError as error:
+        return report_error(COMMAND, error.render(FLAG_NAMES))
+    except ValueError as error:  # --eps, --attacks
+        return report_error(COMMAND, str(error))
+    print_outcome(result.summary, result.tables.markdown, result.files, result.resized)
+    if result.exit_code == EXIT_FAILURE:
+        report_error(COMMAND, "no instance could be processed")
+    return result.exit_code

@@ -11,11 +11,12 @@ from jaxseg_robust.runs.breps import BrepsSpec
 from jaxseg_robust.runs.execute import RunResult, evaluate
 from jaxseg_robust.runs.grid import GridSpec
 from jaxseg_robust.runs.loading import LoadedModel, load_instances, load_model
+from jaxseg_robust.runs.perturb import PerturbSpec
 from jaxseg_robust.runs.protocol import ProtocolSpec, RunPlan, RunTables
 from jaxseg_robust.runs.rclicks import RClicksSpec
 from jaxseg_robust.runs.spec import DataSpec, EngineSpec, ModelSpec, RunError, RunSpec
 from jaxseg_robust.runs.tetris import TetrisSpec
 
-__all__ = ["BrepsSpec", "DataSpec", "EngineSpec", "GridSpec", "LoadedModel", "ModelSpec", "ProtocolSpec", "RClicksSpec",
-           "RunError", "RunPlan", "RunResult", "RunSpec", "RunTables", "TetrisSpec", "evaluate", "load_instances",
-           "load_model"]
+__all__ = ["BrepsSpec", "DataSpec", "EngineSpec", "GridSpec", "LoadedModel", "ModelSpec", "PerturbSpec", "ProtocolSpec",
+           "RClicksSpec", "RunError", "RunPlan", "RunResult", "RunSpec", "RunTables", "TetrisSpec", "evaluate",
+           "load_instances", "load_model"]
