@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from jaxseg_robust import cli
-from jaxseg_robust.commands import prompt_common
+from jaxseg_robust.commands import flags as prompt_flags
 from jaxseg_robust.data.user_boxes import resized_prompt_box
 from jaxseg_robust.reports.breps import breps_table, to_csv, to_markdown
 from jaxseg_robust.runner.records import latest_records, read_records, read_run_records
@@ -147,14 +147,14 @@ def test_missing_data_is_a_clear_error(tmp_path, capsys):
 
 
 def test_flag_spellings_and_frame_policy():
-    assert prompt_common.flag_spellings("--n-opt-steps") == ["--n-opt-steps", "--n_opt_steps"]
-    assert prompt_common.flag_spellings("--thresh") == ["--thresh"]
-    assert prompt_common.parse_frame_policy("exact").description == "exact"
-    assert prompt_common.parse_frame_policy("round:32").description == "round_up:32"
-    assert prompt_common.parse_frame_policy("fixed:40x50").description == "fixed:40x50"
+    assert prompt_flags.flag_spellings("--n-opt-steps") == ["--n-opt-steps", "--n_opt_steps"]
+    assert prompt_flags.flag_spellings("--thresh") == ["--thresh"]
+    assert prompt_flags.parse_frame_policy("exact").description == "exact"
+    assert prompt_flags.parse_frame_policy("round:32").description == "round_up:32"
+    assert prompt_flags.parse_frame_policy("fixed:40x50").description == "fixed:40x50"
     for bad in ("round", "fixed:4x", "round:-1", "square"):
-        with pytest.raises(prompt_common.CommandError, match="--frame"):
-            prompt_common.parse_frame_policy(bad)
+        with pytest.raises(prompt_flags.CommandError, match="--frame"):
+            prompt_flags.parse_frame_policy(bad)
 
 
 # ---- the report (pure) ---------------------------------------------------------------------

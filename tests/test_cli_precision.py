@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
-import types
 
 import jax
 import pytest
 
 from jaxseg_robust.commands import build_parser, demo
-from jaxseg_robust.commands.flags import CommandError
-from jaxseg_robust.commands.running import run_protocol
+from jaxseg_robust import runs
+from jaxseg_robust.commands.run_specs import FlagNames
+from jaxseg_robust.runner.program import CompileLog
+from jaxseg_robust.runs.execute import run_plan
 from jaxseg_robust.runner.rundir import read_manifest
 
 from runner_toy import toy_batch_fn, toy_instances
@@ -47,27 +47,33 @@ def test_the_demo_passes_its_precision_to_every_sub_run(tmp_path):
         assert parser.parse_args(argv).precision == "highest"
 
 
-def _args(out, precision: str) -> argparse.Namespace:
-    return build_parser().parse_args(["breps", "--model", "sam_tiny", "--out", str(out), "--progress", "none",
-                                      "--frame", "exact", "--precision", precision])
+class ToyProgram:
+    """The toy batch function with a compile log, as `runs.execute.run_plan` reads it; records the matmul
+    precision it runs under."""
 
+    def __init__(self):
+        self.compile_log = CompileLog()
+        self.seen = []
 
-def test_run_protocol_traces_the_batch_program_at_the_precision_and_records_it(tmp_path):
-    seen = []
-
-    def batch_fn(batch):
-        seen.append(jax.config.jax_default_matmul_precision)
+    def __call__(self, batch):
+        self.seen.append(jax.config.jax_default_matmul_precision)
         return toy_batch_fn(batch)
 
-    model = types.SimpleNamespace(name="toy", fingerprint="sha256:toy", segmenter=None)
-    instances = toy_instances(3)
+
+def _spec(precision: str) -> runs.RunSpec:
+    return runs.RunSpec(model=runs.ModelSpec("toy"), protocol=runs.TetrisSpec(),
+                        engine=runs.EngineSpec(frame="exact", progress="none", precision=precision))
+
+
+def test_run_plan_traces_the_batch_program_at_the_precision_and_records_it(tmp_path):
+    program = ToyProgram()
+    plan = runs.RunPlan(toy_instances(3), program, {"protocol": "toy"}, "sha256:toy")
     out = tmp_path / "run"
-    summary = run_protocol(_args(out, "highest"), instances=instances, batch_fn=batch_fn,
-                           config={"protocol": "toy"}, model=model, check=None)
-    assert summary.ok == 3 and seen and set(seen) == {"highest"}
+    summary = run_plan(plan, _spec("highest"), out, None, print)
+    assert summary.ok == 3 and program.seen and set(program.seen) == {"highest"}
     assert jax.config.jax_default_matmul_precision is None  # restored after the run
     assert read_manifest(out)["config"] == {"protocol": "toy", "matmul_precision": "highest"}
-    with pytest.raises(CommandError) as info:
-        run_protocol(_args(out, "default"), instances=instances, batch_fn=batch_fn, config={"protocol": "toy"},
-                     model=model, check=None)
-    assert "\n" not in str(info.value) and "--precision highest" in str(info.value)
+    with pytest.raises(runs.RunError) as info:
+        run_plan(plan, _spec("default"), out, None, print)
+    message = info.value.render(FlagNames())
+    assert "\n" not in message and "--precision highest" in message

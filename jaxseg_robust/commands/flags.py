@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from collections.abc import Callable, Sequence
 
 from jaxseg_robust.data.masks_io import DEFAULT_RULE
@@ -207,7 +206,7 @@ def add_run_arguments(parser, *, default_batch_size: int, default_frame: str | N
 
 
 def add_process_arguments(parser) -> None:
-    """--distributed, --process-index, --process-count (see `start_processes`)."""
+    """--distributed, --process-index, --process-count (`jaxseg_robust.runs.execute.start_processes`)."""
     processes = parser.add_argument_group(
         "processes", "split one run over several processes or hosts sharing RUN_DIR (each evaluates the "
                      "instances it owns and appends to its own records.process<I>.jsonl; any rerun resumes)")
@@ -277,23 +276,15 @@ def add_attack_step_flags(group, *, n_opt_steps: int, first_iterate: str, lr_mul
 # ---- parsing helpers ---------------------------------------------------------------------
 
 def parse_frame_policy(text: str):
-    """``'exact'`` | ``'round:N'`` | ``'fixed:HxW'`` -> a `jaxseg_robust.data.buckets` frame policy.
+    """``'exact'`` | ``'round:N'`` | ``'fixed:HxW'`` -> a `jaxseg_robust.data.buckets` frame policy
+    (`jaxseg_robust.runs.spec.parse_frame`).
 
     Raises:
       CommandError: naming ``--frame``.
     """
-    from jaxseg_robust.data.buckets import ExactFrame, FixedFrame, RoundUpFrame  # noqa: PLC0415
+    from jaxseg_robust.runs.spec import RunError, parse_frame  # noqa: PLC0415
 
-    value = str(text).strip().lower()
-    if value == "exact":
-        return ExactFrame()
-    match = re.fullmatch(r"round:(\d+)", value)
-    if match and int(match.group(1)) >= 1:
-        return RoundUpFrame(int(match.group(1)))
-    match = re.fullmatch(r"fixed:(\d+)x(\d+)", value)
-    if match and min(int(match.group(1)), int(match.group(2))) >= 1:
-        return FixedFrame(int(match.group(1)), int(match.group(2)))
-    raise CommandError(f"--frame must be 'exact', 'round:N' or 'fixed:HxW' with positive numbers; got {text!r}")
-
-
-# ---- model -------------------------------------------------------------------------------
+    try:
+        return parse_frame(text)
+    except RunError as error:
+        raise CommandError(error.render({"frame": "--frame"})) from None

@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
-from jaxseg_robust.runs.loading import LoadedModel, load_instances, load_model
+from jaxseg_robust.runs.loading import load_instances, load_model
 from jaxseg_robust.runs.spec import DataSpec, ModelSpec
 
 Say = Callable[[str], None]
@@ -81,18 +81,21 @@ class ProtocolSpec(abc.ABC):
     def check(self) -> None:
         """Raises `RunError` for settings that cannot run, before anything is loaded."""
 
-    def load_instances(self, data: DataSpec, say: Say) -> list:
-        """The run's instances (`jaxseg_robust.runs.loading.load_instances`)."""
+    def load_instances(self, data: DataSpec, say: Say):
+        """The run's instances: a list of instance refs (`jaxseg_robust.runs.loading.load_instances`), or what a
+        protocol's ``load_model`` and ``plan`` read instead (perturb: its semantic or folder instances)."""
         return load_instances(data, default_tetris_max_side=self.default_tetris_max_side, say=say)
 
-    def load_model(self, model: ModelSpec, instances: Sequence, mesh, say: Say) -> LoadedModel:
-        """The model the protocol runs (`jaxseg_robust.runs.loading.load_model`)."""
+    def load_model(self, model: ModelSpec, instances, mesh, say: Say):
+        """What the protocol's ``plan`` runs: a `LoadedModel` (`jaxseg_robust.runs.loading.load_model`), or a
+        protocol's own (RClicks: with its click model and user clicks; perturb: the attacked `Target`)."""
         say(f"loading {model.name} ...")
         return load_model(model, mesh=mesh)
 
     @abc.abstractmethod
-    def plan(self, model: LoadedModel, instances: Sequence, run_dir, say: Say) -> RunPlan:
-        """The `RunPlan` of the protocol on ``model`` and ``instances``."""
+    def plan(self, model, instances, run_dir, say: Say) -> RunPlan:
+        """The `RunPlan` of the protocol on ``model`` and ``instances`` (what ``load_model`` and
+        ``load_instances`` returned)."""
 
     @abc.abstractmethod
     def summarize(self, run_dir, plan: RunPlan, say: Say) -> RunTables:
