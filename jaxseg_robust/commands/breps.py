@@ -31,7 +31,7 @@ from jaxseg_robust.commands.flags import (
     add_protocol_parser,
     finite_float,
 )
-from jaxseg_robust.commands.run_specs import FlagNames, data_spec_of, engine_spec_of, model_spec_of
+from jaxseg_robust.commands.run_specs import FlagNames, run_spec_of
 from jaxseg_robust.commands.running import run_spec
 from jaxseg_robust.runs.breps import BOX_FRAMES, MODES, BrepsSpec
 from jaxseg_robust.runs.spec import RunSpec
@@ -106,8 +106,7 @@ def spec_of(args) -> RunSpec:
                          record_trajectory=not args.no_trajectory, box_frame=args.box_frame,
                          integer_boxes=not args.float_boxes, jitter_pow=args.jitter_pow, seed=args.seed,
                          user_boxes=args.user_boxes, user_box_masks=args.user_box_masks)
-    return RunSpec(model=model_spec_of(args), protocol=protocol, data=data_spec_of(args),
-                   engine=engine_spec_of(args, frame=args.frame))
+    return run_spec_of(args, protocol, frame=args.frame)
 
 
 def run(args) -> int:

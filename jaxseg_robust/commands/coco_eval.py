@@ -14,7 +14,9 @@ import argparse
 import sys
 
 from jaxseg_robust.commands.flags import DEVICE_EPILOG
+from jaxseg_robust.commands.running import report_error, report_warning
 from jaxseg_robust.data.coco_instances import COCO_EXTRA_HINT, CocoFormatError
+from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK
 from jaxseg_robust.evaluation.instances import DATASETS, IOU_TYPES, InstanceEvalConfig, evaluate_instances
 from jaxseg_robust.evaluation.mask_counts import MASK_PATHS, device_summary, uses_runs
 from jaxseg_robust.metrics.coco_ap import PER_CATEGORY_COLUMNS
@@ -23,8 +25,6 @@ from jaxseg_robust.reports.coco_eval import instance_text, per_category_markdown
 from jaxseg_robust.runner.progress import PROGRESS_MODES, check_progress_mode
 from jaxseg_robust.runner.rundir import check_writable_file
 
-# The CLI's exit codes (jaxseg_robust/cli.py); commands do not import the CLI that loads them.
-EXIT_OK, EXIT_FAILURE = 0, 2
 NAME = "coco-eval"
 
 EPILOG = f"""\
@@ -71,12 +71,11 @@ def register(subparsers) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"jaxseg-robust {NAME}: error: {message}", file=sys.stderr, flush=True)
-    return EXIT_FAILURE
+    return report_error(NAME, message)
 
 
 def _warn(message: str) -> None:
-    print(f"jaxseg-robust {NAME}: warning: {message}", file=sys.stderr, flush=True)
+    report_warning(NAME, message)
 
 
 def run(args) -> int:

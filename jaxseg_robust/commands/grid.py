@@ -32,7 +32,7 @@ from jaxseg_robust.commands.flags import (
     finite_float,
     positive_int,
 )
-from jaxseg_robust.commands.run_specs import FlagNames, data_spec_of, engine_spec_of, model_spec_of
+from jaxseg_robust.commands.run_specs import FlagNames, run_spec_of
 from jaxseg_robust.commands.running import run_spec
 from jaxseg_robust.runs.grid import CLICK_PREFIXES, CLICK_REGIONS, KINDS, GridSpec
 from jaxseg_robust.runs.spec import RunSpec
@@ -93,8 +93,7 @@ def spec_of(args) -> RunSpec:
     protocol = GridSpec(kind=args.kind, stride=args.stride, chunk_size=args.chunk_size, region=args.region,
                         prefix=args.prefix, thresh=args.thresh, multimask=args.multimask,
                         corner_heatmap=not args.no_corner_heatmap)
-    return RunSpec(model=model_spec_of(args), protocol=protocol, data=data_spec_of(args),
-                   engine=engine_spec_of(args, frame=args.frame))
+    return run_spec_of(args, protocol, frame=args.frame)
 
 
 def run(args) -> int:

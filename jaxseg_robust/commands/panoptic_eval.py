@@ -13,7 +13,9 @@ import argparse
 import sys
 
 from jaxseg_robust.commands.flags import DEVICE_EPILOG
+from jaxseg_robust.commands.running import report_error, report_warning
 from jaxseg_robust.data.coco_instances import CocoFormatError
+from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK
 from jaxseg_robust.evaluation.mask_counts import device_summary
 from jaxseg_robust.evaluation.panoptic import IOU_TYPES, PanopticEvalConfig, evaluate_panoptic
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
@@ -21,8 +23,6 @@ from jaxseg_robust.reports.coco_eval import panoptic_text, write_outputs
 from jaxseg_robust.runner.progress import PROGRESS_MODES, check_progress_mode
 from jaxseg_robust.runner.rundir import check_writable_file
 
-# The CLI's exit codes (jaxseg_robust/cli.py); commands do not import the CLI that loads them.
-EXIT_OK, EXIT_FAILURE = 0, 2
 NAME = "panoptic-eval"
 PER_CATEGORY_COLUMNS = ("pq", "sq", "rq")
 
@@ -59,12 +59,11 @@ def register(subparsers) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"jaxseg-robust {NAME}: error: {message}", file=sys.stderr, flush=True)
-    return EXIT_FAILURE
+    return report_error(NAME, message)
 
 
 def _warn(message: str) -> None:
-    print(f"jaxseg-robust {NAME}: warning: {message}", file=sys.stderr, flush=True)
+    report_warning(NAME, message)
 
 
 def _default_folder(json_path: str, folder: str | None) -> str:

@@ -18,7 +18,7 @@ import pathlib
 from jaxseg_robust.attacks.perturb.battery_program import LABEL_MODES
 from jaxseg_robust.commands.flags import (DEVICE_EPILOG, add_dataset_arguments, add_flag, add_model_arguments,
                                           add_run_arguments, non_negative_int, positive_float, positive_int)
-from jaxseg_robust.commands.run_specs import FlagNames, data_spec_of, engine_spec_of, model_spec_of
+from jaxseg_robust.commands.run_specs import FlagNames, run_spec_of
 from jaxseg_robust.commands.running import print_outcome, report_error, startup_line
 from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK
 from jaxseg_robust.runs.perturb import (DEFAULT_ATTACKS, MSL_TRACKS, SEA_SCHEDULES, SEMANTIC_DATASETS, VOID_POLICIES,
@@ -148,8 +148,7 @@ def spec_of(args) -> RunSpec:
         dag_iterations=args.dag_iterations, alma_steps=args.alma_steps, pdpgd_steps=args.pdpgd_steps,
         seed=args.seed, examples=args.examples, report=not args.no_report, dataset=args.dataset, split=args.split,
         resize=args.resize, pad_to_multiple=args.pad_to_multiple)
-    return RunSpec(model=model_spec_of(args), protocol=protocol, data=data_spec_of(args),
-                   engine=engine_spec_of(args, frame=None))  # images are attacked at their own size
+    return run_spec_of(args, protocol, frame=None)  # images are attacked at their own size
 
 
 # ---------------------------------------------------------------------------- the command

@@ -23,7 +23,7 @@ the records); 2 bad arguments, nothing could be run, or every instance failed.
 from __future__ import annotations
 
 from jaxseg_robust.commands import flags
-from jaxseg_robust.commands.run_specs import FlagNames, data_spec_of, engine_spec_of, model_spec_of
+from jaxseg_robust.commands.run_specs import FlagNames, run_spec_of
 from jaxseg_robust.commands.running import run_spec
 from jaxseg_robust.runs.rclicks import RClicksSpec
 from jaxseg_robust.runs.spec import RunSpec
@@ -97,8 +97,7 @@ def spec_of(args) -> RunSpec:
                            run_base=not args.no_base, thresh=args.thr, target_iou=args.target_iou,
                            mask_feedback=args.mask_feedback, seed=args.seed, isegm=args.isegm,
                            plot_groups=args.plot_groups)
-    return RunSpec(model=model_spec_of(args), protocol=protocol, data=data_spec_of(args),
-                   engine=engine_spec_of(args, frame=args.frame))
+    return run_spec_of(args, protocol, frame=args.frame)
 
 
 def run(args) -> int:

@@ -2,8 +2,8 @@
 fields named back as flags in messages.
 
 Every run command builds its `RunSpec` from the shared flag groups here
-(`model_spec_of`, `data_spec_of`, `engine_spec_of`) and its own protocol
-flags; `FlagNames` turns a field named in a `RunError` (``{n_clicks}``) into
+(`run_spec_of`: `model_spec_of`, `data_spec_of`, `engine_spec_of`) and its own
+protocol spec; `FlagNames` turns a field named in a `RunError` (``{n_clicks}``) into
 the flag that sets it (``--n-clicks``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from jaxseg_robust.runs.spec import DataSpec, EngineSpec, ModelSpec
+from jaxseg_robust.runs.spec import DataSpec, EngineSpec, ModelSpec, RunSpec
 
 # fields whose flag is not "--" + the field with "-" for "_"
 COMMON_FLAGS = {"folders": "--folder", "random_seed": "--random-weights", "run_dir": "--out"}
@@ -54,3 +54,10 @@ def engine_spec_of(args, frame: str | None) -> EngineSpec:
                       retry_failed=args.retry_failed, allow_manifest_mismatch=args.allow_manifest_mismatch,
                       abort_after=args.abort_after, process_index=args.process_index,
                       process_count=args.process_count, distributed=args.distributed)
+
+
+def run_spec_of(args, protocol, frame: str | None) -> RunSpec:
+    """The `RunSpec` of the shared flag groups and ``protocol`` (the command's protocol spec); ``frame``: as
+    `engine_spec_of`."""
+    return RunSpec(model=model_spec_of(args), protocol=protocol, data=data_spec_of(args),
+                   engine=engine_spec_of(args, frame=frame))

@@ -27,6 +27,11 @@ def report_error(command: str, message: str, stream=None) -> int:
     return EXIT_FAILURE
 
 
+def report_warning(command: str, message: str, stream=None) -> None:
+    """Prints ``jaxseg-robust COMMAND: warning: MESSAGE`` to stderr, flushed."""
+    print(f"jaxseg-robust {command}: warning: {message}", file=sys.stderr if stream is None else stream, flush=True)
+
+
 def print_outcome(summary, table: str, files: Sequence[pathlib.Path], resized: str | None = None,
                   stream=None) -> None:
     """Prints the run summary (counts, failures), the table, where the files are and, last, how many

@@ -41,10 +41,10 @@ from jaxseg_robust.commands.flags import (
     non_negative_int,
     positive_int,
 )
-from jaxseg_robust.commands.run_specs import FlagNames, data_spec_of, engine_spec_of, model_spec_of
+from jaxseg_robust.commands.run_specs import FlagNames, run_spec_of
 from jaxseg_robust.commands.running import run_spec
-from jaxseg_robust.runs.spec import RunSpec
 from jaxseg_robust.runs.tetris import DEFAULT_BASELINE_CLICKS, MODES, TetrisSpec
+from jaxseg_robust.runs.spec import RunSpec
 
 COMMAND = TetrisSpec.command
 FLAG_NAMES = FlagNames(n_opt_steps="--n_opt_steps", lr_mult="--lr_mult")
@@ -133,8 +133,7 @@ def spec_of(args) -> RunSpec:
                           mask_input=args.mask_input, acceptance=args.acceptance,
                           fixed_first_click=args.fixed_first_click, isegm=args.isegm,
                           record_iterates=args.record_iterates, target_iou=args.target_iou)
-    return RunSpec(model=model_spec_of(args), protocol=protocol, data=data_spec_of(args),
-                   engine=engine_spec_of(args, frame=args.frame))
+    return run_spec_of(args, protocol, frame=args.frame)
 
 
 def run(args) -> int:
