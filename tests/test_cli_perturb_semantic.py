@@ -113,13 +113,15 @@ def test_flags_reach_the_battery_config(semseg_dir, voc_root):
     assert [i.size for i in instances] == [(512, 640)] * 4  # the paper's shorter side -> 512 (listing only)
     assert (battery.msl_track, battery.alma_lr_init, battery.include_clean, battery.select_with_background,
             battery.reference_quirks, battery.void_policy) == (None, 1e-4, True, None, True, "as_background")
+    assert battery.accelerator_chunk == 1
     instances, battery = _listed_and_battery(_args(
         *common, "--msl-track", "masked", "--alma-lr-init", "1e-3", "--no-include-clean",
         "--select-with-background", "without-background", "--no-reference-quirks", "--void-policy", "ignore",
-        "--resize", "longer:25", "--limit", "2"))
+        "--resize", "longer:25", "--limit", "2", "--accelerator-chunk", "3"))
     assert [i.size for i in instances] == [(20, 25)] * 2
     assert (battery.msl_track, battery.alma_lr_init, battery.include_clean, battery.select_with_background,
             battery.reference_quirks, battery.void_policy) == ("masked", 1e-3, False, False, False, "ignore")
+    assert battery.accelerator_chunk == 3
     assert battery.candidate_names()[0] != "clean"
 
 

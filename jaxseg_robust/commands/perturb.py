@@ -100,6 +100,9 @@ def register(subparsers) -> None:
     for flag, default in (("--padam-steps", 200), ("--sea-iterations", 300), ("--dag-iterations", 200),
                           ("--alma-steps", 500), ("--pdpgd-steps", 500)):
         add_flag(group, flag, type=positive_int, default=default, help="(default %(default)s)")
+    add_flag(group, "--accelerator-chunk", type=positive_int, default=PerturbSpec.accelerator_chunk, metavar="N",
+             help="on a GPU / TPU, each attack pass holds at most N images of the batch (memory only: the results "
+                  "do not depend on it; the CPU attacks the whole batch at once; default %(default)s)")
     group.add_argument("--seed", type=int, default=0, help="base PRNG seed of the random starts (default %(default)s)")
     add_flag(group, "--examples", type=non_negative_int, default=4,
              help="instances whose images are saved for the report (default %(default)s)")
@@ -146,7 +149,7 @@ def spec_of(args) -> RunSpec:
         include_clean=args.include_clean, select_with_background=SELECTION_VALUES[args.select_with_background],
         reference_quirks=args.reference_quirks, padam_steps=args.padam_steps, sea_iterations=args.sea_iterations,
         dag_iterations=args.dag_iterations, alma_steps=args.alma_steps, pdpgd_steps=args.pdpgd_steps,
-        seed=args.seed, examples=args.examples, report=not args.no_report, dataset=args.dataset, split=args.split,
+        accelerator_chunk=args.accelerator_chunk, seed=args.seed, examples=args.examples, report=not args.no_report, dataset=args.dataset, split=args.split,
         resize=args.resize, pad_to_multiple=args.pad_to_multiple)
     return run_spec_of(args, protocol, frame=None)  # images are attacked at their own size
 

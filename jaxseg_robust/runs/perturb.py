@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from jaxseg_robust.attacks.perturb.battery_program import LABEL_MODES
+from jaxseg_robust.attacks.perturb.image_chunks import DEFAULT_ACCELERATOR_CHUNK
 from jaxseg_robust.attacks.perturb.target import Target, load_target
 from jaxseg_robust.runs.loading import load_instances
 from jaxseg_robust.runs.protocol import ProtocolSpec, RunPlan, RunTables, Say
@@ -95,6 +96,9 @@ class PerturbSpec(ProtocolSpec):
         always the with- / without-background score.
       reference_quirks: the reference code's SEA start-accuracy and ALMA derivative quirks.
       padam_steps, sea_iterations, dag_iterations, alma_steps, pdpgd_steps: the attacks' budgets (steps).
+      accelerator_chunk: most images one attack pass holds on an accelerator, images (memory only: the
+        results do not depend on it, and the CPU attacks the whole batch at once; docs/protocols/perturbation.md,
+        "Accelerator memory").
       seed: base PRNG seed of the random starts.
       examples: instances whose images are saved (``RUN_DIR/examples``) for the report.
       report: write ``RUN_DIR/report`` after the run.
@@ -128,6 +132,7 @@ class PerturbSpec(ProtocolSpec):
     dag_iterations: int = 200
     alma_steps: int = 500
     pdpgd_steps: int = 500
+    accelerator_chunk: int = DEFAULT_ACCELERATOR_CHUNK
     seed: int = 0
     examples: int = 4
     report: bool = True
@@ -160,7 +165,8 @@ class PerturbSpec(ProtocolSpec):
                 raise RunError(f"{{{field}}} must be one of {', '.join(map(str, allowed))}; got {value!r}")
         counts = (("padam_steps", self.padam_steps, 1), ("sea_iterations", self.sea_iterations, 1),
                   ("dag_iterations", self.dag_iterations, 1), ("alma_steps", self.alma_steps, 1),
-                  ("pdpgd_steps", self.pdpgd_steps, 1), ("examples", self.examples, 0),
+                  ("pdpgd_steps", self.pdpgd_steps, 1), ("accelerator_chunk", self.accelerator_chunk, 1),
+                  ("examples", self.examples, 0),
                   ("pad_to_multiple", self.pad_to_multiple, 0))
         for field, value, least in counts:
             if value < least:
@@ -211,7 +217,8 @@ class PerturbSpec(ProtocolSpec):
                              include_clean=self.include_clean, select_with_background=self.select_with_background,
                              attacks=tuple(self.attacks), padam_steps=self.padam_steps,
                              sea_iterations=self.sea_iterations, dag_iterations=self.dag_iterations,
-                             alma_steps=self.alma_steps, pdpgd_steps=self.pdpgd_steps)
+                             alma_steps=self.alma_steps, pdpgd_steps=self.pdpgd_steps,
+                             accelerator_chunk=self.accelerator_chunk)
 
     # ---- instances and model -----------------------------------------------------------------
 
