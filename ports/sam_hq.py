@@ -204,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
     return report_converted(args.checkpoint, out)
 
 
-__all__ = ["VARIANTS", "hq_token_table", "official_hq_token_shapes", "hq_decoder_rules", "sam_hq_rules", "official_hq_extra_shapes",
+__all__ = ["VARIANTS", "hq_token_table", "official_hq_token_shapes", "hq_decoder_rules",
+           "sam_hq_rules", "official_hq_extra_shapes",
            "official_sam_hq_shapes", "infer_hq_variant", "convert_sam_hq", "port_checkpoint",
            "add_arguments", "run", "PortError"]
