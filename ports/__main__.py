@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-FAMILY_MODULES = ("sam", "mobile_sam", "sam_hq", "sam2", "clickability", "dense", "semseg", "upernet", "ritm",
+FAMILY_MODULES = ("sam", "mobile_sam", "sam_hq", "sam2", "sam2_hq", "clickability", "dense", "semseg", "upernet", "ritm",
                   "simpleclick")
 EXIT_OK, EXIT_FAILURE = 0, 2
 

@@ -33,6 +33,7 @@ from ports.sam import (check_official_keys, conv1x1_as_linear, guess_sam_family,
 VARIANTS = ("hiera_tiny", "hiera_small", "hiera_base_plus", "hiera_large")
 VERSION_MARKERS_2_1 = ("no_obj_embed_spatial", "obj_ptr_tpos_proj.weight")
 SKIPPED_FILE = "skipped_video_keys.txt"
+HQ_MARKER = "sam_mask_decoder.hf_token.weight"  # HQ-SAM 2's decoder (ports/sam2_hq.py)
 # The parts of SAM2Base that only the video predictor uses: (regex on the key, what it is).
 VIDEO_PARTS = (
     (r"memory_attention\..+", "memory attention"),
@@ -230,6 +231,14 @@ def infer_version(state_dict: Mapping[str, np.ndarray], *, what: str = "checkpoi
                     f"--version")
 
 
+def check_not_sam1(state_dict: Mapping[str, np.ndarray], *, what: str = "checkpoint") -> None:
+    """Raises a PortError naming the port to use when ``state_dict`` is a SAM 1 family checkpoint."""
+    guess = guess_sam_family(state_dict)
+    if guess is not None:
+        raise PortError(f"{what}: key '{guess[1]}' marks a SAM 1 family ('{guess[0]}') "
+                        f"checkpoint, not SAM 2; convert it with `python -m ports {guess[0]}`")
+
+
 def convert_sam2(state_dict: Mapping[str, np.ndarray], config, *, what: str = "checkpoint"):
     """Strictly converts the image path of an official SAM 2 state dict.
 
@@ -243,10 +252,10 @@ def convert_sam2(state_dict: Mapping[str, np.ndarray], config, *, what: str = "c
     """
     from jaxseg_robust.models.sam2.segmenter import Sam2Segmenter  # noqa: PLC0415
 
-    guess = guess_sam_family(state_dict)
-    if guess is not None:
-        raise PortError(f"{what}: key '{guess[1]}' marks a SAM 1 family ('{guess[0]}') "
-                        f"checkpoint, not SAM 2; convert it with `python -m ports {guess[0]}`")
+    check_not_sam1(state_dict, what=what)
+    if HQ_MARKER in state_dict:
+        raise PortError(f"{what}: key '{HQ_MARKER}' marks an HQ-SAM 2 checkpoint; convert it "
+                        f"with `python -m ports sam2_hq`")
     image, skipped = split_video_keys(state_dict)
     check_official_keys(image, official_sam2_image_shapes(config), what=what)
     params = convert(image, sam2_rules(), Sam2Segmenter(config).param_shapes(), what=what)
@@ -285,14 +294,20 @@ def port_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *
     params, skipped = convert_sam2(state_dict, config, what=checkpoint)
     out = store.save(out_dir, params, family=config.family, variant=variant,
                      config=config.to_dict(), source_path=checkpoint, overwrite=overwrite)
+    write_skipped(out, skipped, state_dict, title=f"SAM {version} {variant}")
+    return out, skipped
+
+
+def write_skipped(out: str, skipped: Mapping[str, list], state_dict: Mapping[str, np.ndarray], *,
+                  title: str) -> None:
+    """Writes ``out/skipped_video_keys.txt`` (one ``key<TAB>part`` line each) and prints a summary."""
     listing = [f"{key}\t{part}" for part, keys in skipped.items() for key in keys]
     with open(os.path.join(out, SKIPPED_FILE), "w") as f:
         f.write("# video-only keys of the checkpoint, not used by the image model\n")
         f.write("".join(line + "\n" for line in listing))
-    print(f"SAM {version} {variant}: skipped {len(listing)} video-only keys by name "
+    print(f"{title}: skipped {len(listing)} video-only keys by name "
           f"(listed in {os.path.join(out, SKIPPED_FILE)}):\n"
           + describe_skipped(skipped, state_dict))
-    return out, skipped
 
 
 # ---- command line ------------------------------------------------------------------

@@ -50,21 +50,32 @@ def _upscaling(torch_name: str, flax_name: str) -> list[tuple[str, str, object]]
     ]
 
 
-def hq_decoder_rules(torch_prefix: str = "mask_decoder.",
-                     flax_prefix: str = "mask_decoder/") -> list[Rule]:
-    """Rules for SAM-HQ's `MaskDecoderHQ`: SAM's decoder rules plus the HQ modules."""
-    table = [
+def hq_token_table() -> list[tuple[str, str, object]]:
+    """(torch regex, Flax path, transform) of the HQ token's modules, relative to the decoder.
+
+    ``hf_token``, ``hf_mlp`` and ``embedding_maskfeature`` (Conv3x3 -> LN2d ->
+    GELU -> Conv3x3, Sequential indices 0, 1, 3): shared by SAM-HQ and HQ-SAM 2.
+    """
+    return [
         (r"hf_token\.weight", "hf_token", identity),
         (r"hf_mlp\.layers\.(\d+)\.weight", r"hf_mlp/layers_\1/kernel", linear),
         (r"hf_mlp\.layers\.(\d+)\.bias", r"hf_mlp/layers_\1/bias", identity),
-        *_upscaling(r"compress_vit_feat", "compress_vit_feat"),
-        *_upscaling(r"embedding_encoder", "embedding_encoder"),
         (r"embedding_maskfeature\.0\.weight", "embedding_maskfeature/conv1/kernel", conv),
         (r"embedding_maskfeature\.0\.bias", "embedding_maskfeature/conv1/bias", identity),
         (r"embedding_maskfeature\.1\.weight", "embedding_maskfeature/norm/scale", identity),
         (r"embedding_maskfeature\.1\.bias", "embedding_maskfeature/norm/bias", identity),
         (r"embedding_maskfeature\.3\.weight", "embedding_maskfeature/conv2/kernel", conv),
         (r"embedding_maskfeature\.3\.bias", "embedding_maskfeature/conv2/bias", identity),
+    ]
+
+
+def hq_decoder_rules(torch_prefix: str = "mask_decoder.",
+                     flax_prefix: str = "mask_decoder/") -> list[Rule]:
+    """Rules for SAM-HQ's `MaskDecoderHQ`: SAM's decoder rules plus the HQ modules."""
+    table = [
+        *hq_token_table(),
+        *_upscaling(r"compress_vit_feat", "compress_vit_feat"),
+        *_upscaling(r"embedding_encoder", "embedding_encoder"),
     ]
     return (mask_decoder_rules(torch_prefix, flax_prefix)
             + prefixed_rules(torch_prefix, flax_prefix, table))
@@ -79,13 +90,19 @@ def sam_hq_rules(config) -> list[Rule]:
 def official_hq_extra_shapes(config, prefix: str = "mask_decoder.") -> dict[str, tuple[int, ...]]:
     """Keys and shapes the HQ decoder adds to SAM's decoder (``MaskDecoderHQ``)."""
     c, d, p = config.prompt_embed_dim, config.vit_dim, prefix
-    out = {p + "hf_token.weight": (1, c)}
-    out.update(official_mlp_shapes(p + "hf_mlp.", [c, c, c, c // 8]))
+    out = official_hq_token_shapes(c, prefix)
     for name, (cin, mid) in (("compress_vit_feat", (d, c)), ("embedding_encoder", (c, c // 4))):
         out.update({p + f"{name}.0.weight": (cin, mid, 2, 2), p + f"{name}.0.bias": (mid,),
                     p + f"{name}.1.weight": (mid,), p + f"{name}.1.bias": (mid,),
                     p + f"{name}.3.weight": (mid, c // 8, 2, 2), p + f"{name}.3.bias": (c // 8,)})
-    m = p + "embedding_maskfeature."
+    return out
+
+
+def official_hq_token_shapes(c: int, prefix: str) -> dict[str, tuple[int, ...]]:
+    """Keys and shapes of the HQ token's modules (see `hq_token_table`) for decoder width ``c``."""
+    out = {prefix + "hf_token.weight": (1, c)}
+    out.update(official_mlp_shapes(prefix + "hf_mlp.", [c, c, c, c // 8]))
+    m = prefix + "embedding_maskfeature."
     out.update({m + "0.weight": (c // 4, c // 8, 3, 3), m + "0.bias": (c // 4,),
                 m + "1.weight": (c // 4,), m + "1.bias": (c // 4,),
                 m + "3.weight": (c // 8, c // 4, 3, 3), m + "3.bias": (c // 8,)})
@@ -187,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
     return report_converted(args.checkpoint, out)
 
 
-__all__ = ["VARIANTS", "hq_decoder_rules", "sam_hq_rules", "official_hq_extra_shapes",
+__all__ = ["VARIANTS", "hq_token_table", "official_hq_token_shapes", "hq_decoder_rules",
+           "sam_hq_rules", "official_hq_extra_shapes",
            "official_sam_hq_shapes", "infer_hq_variant", "convert_sam_hq", "port_checkpoint",
            "add_arguments", "run", "PortError"]

@@ -19,7 +19,12 @@ gradients of a Dice loss w.r.t. point and box coordinates (torch autograd
 through the official ``SAM2ImagePredictor._predict``).
 
 Reference location: ``$JAXSEG_SAM2_REPO`` (a checkout of
-facebookresearch/sam2; needs hydra-core and iopath). The official transforms
+facebookresearch/sam2; needs hydra-core and iopath). HQ-SAM 2 (SysCV/sam-hq,
+folder ``sam-hq2``) ships a package of the same name, ``sam2``: a spec names
+its checkout's variable (``$JAXSEG_SAM_HQ2_REPO``, `Sam2Spec.repo_env`), and
+the spawned reference process imports ``sam2`` from that checkout alone
+(`import_reference` drops any other ``sam2`` module first and checks where
+the package came from). The official transforms
 import torchvision; where the installed torchvision cannot load its compiled
 operators (a CUDA wheel beside a CPU torch), only its pure-Python package is
 imported (`import_reference`), which is all ``SAM2Transforms`` uses.
@@ -61,7 +66,7 @@ CASES = ("one_point", "points", "box", "box_points")
 OPTIONS = (("multimask", True, None), ("single", False, None),
            ("single_stable", False, 0.0), ("single_fallback", False, 2.0))
 GRAD_CASES = (("points", False), ("box", False), ("box_points", False), ("points", True))
-EMBEDDING_NAMES = ("iou_token", "mask_tokens", "obj_score_token", "point_embeddings",
+EMBEDDING_NAMES = ("iou_token", "mask_tokens", "obj_score_token", "hf_token", "point_embeddings",
                    "not_a_point_embed", "no_mask_embed", "positional_encoding_gaussian_matrix")
 TABLE_NAMES = ("pos_embed", "pos_embed_window", "no_mem_embed", "no_mem_pos_enc")
 CONV_TRANSPOSE_NAMES = ("output_upscaling",)
@@ -82,12 +87,25 @@ TEST_OVERRIDES = (
 
 @dataclasses.dataclass(frozen=True)
 class Sam2Spec:
-    """One official configuration: zoo name, yaml, hydra overrides, seed."""
+    """One official configuration: zoo name, yaml, hydra overrides, seed.
+
+    ``repo_env`` names the variable holding the reference checkout; ``port``
+    the ``python -m ports`` family that converts it (``sam2`` or ``sam2_hq``,
+    whose decoder adds the HQ mask to every output and also answers
+    ``hq_token_only``).
+    """
 
     name: str
     yaml: str
     overrides: tuple[str, ...] = ()
     seed: int = 0
+    repo_env: str = ENV_REPO
+    port: str = "sam2"
+
+    @property
+    def hq(self) -> bool:
+        """Whether the model is HQ-SAM 2 (the predictor takes ``hq_token_only``)."""
+        return self.port == "sam2_hq"
 
 
 def official_spec(variant: str, version: str, seed: int) -> Sam2Spec:
@@ -100,12 +118,12 @@ def official_spec(variant: str, version: str, seed: int) -> Sam2Spec:
 TEST_SPEC = Sam2Spec("sam2_test", "configs/sam2.1/sam2.1_hiera_t.yaml", TEST_OVERRIDES, seed=11)
 
 
-def reference_repo() -> str:
-    """``$JAXSEG_SAM2_REPO``, or a clean pytest skip."""
-    repo = os.environ.get(ENV_REPO, "")
+def reference_repo(env: str = ENV_REPO, what: str = "facebookresearch/sam2") -> str:
+    """``$<env>`` (default ``$JAXSEG_SAM2_REPO``), or a clean pytest skip."""
+    repo = os.environ.get(env, "")
     if not repo or not os.path.isfile(os.path.join(repo, "sam2", "build_sam.py")):
-        pytest.skip(f"the official SAM 2 code is not available: set {ENV_REPO} to a checkout "
-                    f"of facebookresearch/sam2 (got {repo!r})")
+        pytest.skip(f"the official code is not available: set {env} to a checkout "
+                    f"of {what} (got {repo!r})")
     for module in ("hydra", "iopath", "omegaconf"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"the official SAM 2 code needs '{module}' (pip install hydra-core iopath)")
@@ -115,7 +133,13 @@ def reference_repo() -> str:
 
 
 def import_reference(repo: str):
-    """Imports the official ``sam2`` package from ``repo``; returns (build_sam2, SAM2ImagePredictor)."""
+    """Imports the official ``sam2`` package from ``repo``; returns (build_sam2, SAM2ImagePredictor).
+
+    Any ``sam2`` module already imported (another checkout's) is dropped first,
+    and the package must come from ``repo``.
+    """
+    for name in [m for m in sys.modules if m == "sam2" or m.startswith("sam2.")]:
+        del sys.modules[name]
     if repo not in sys.path:
         sys.path.insert(0, repo)
     try:
@@ -129,9 +153,13 @@ def import_reference(repo: str):
         package.__path__ = list(spec.submodule_search_locations)
         sys.modules["torchvision"] = package
         importlib.import_module("torchvision.transforms")
+    import sam2  # noqa: PLC0415
     from sam2.build_sam import build_sam2  # noqa: PLC0415
     from sam2.sam2_image_predictor import SAM2ImagePredictor  # noqa: PLC0415
 
+    origin = os.path.realpath(os.path.dirname(sam2.__file__))
+    if origin != os.path.realpath(os.path.join(repo, "sam2")):
+        raise RuntimeError(f"'sam2' was imported from {origin}, not from the checkout {repo}")
     return build_sam2, SAM2ImagePredictor
 
 
@@ -188,6 +216,14 @@ def torch_side(spec: Sam2Spec, repo: str, image, target, ckpt):
     decoder = model.sam_mask_decoder
     recorded = {}
     decoder.register_forward_hook(lambda m, i, o: recorded.__setitem__("obj", o[3]))
+    predict_masks = decoder.predict_masks
+
+    def recording_predict_masks(**kwargs):  # every candidate, before the selection
+        result = predict_masks(**kwargs)
+        recorded["all"] = result[0].detach()
+        return result
+
+    decoder.predict_masks = recording_predict_masks
     with torch.no_grad():
         predictor.set_image(image)
     feats = predictor._features
@@ -201,15 +237,19 @@ def torch_side(spec: Sam2Spec, repo: str, image, target, ckpt):
             out[name, option] = predictor.predict(**kw, multimask_output=multimask,
                                                   return_logits=True)
             out[name, option, "obj"] = recorded["obj"][0].numpy().copy()
+            if option == "single_stable":  # SAM candidate 0 alone (HQ-SAM 2 returns it + HQ)
+                out[name, "stability"] = float(
+                    decoder._get_stability_scores(recorded["all"][:, 0:1])[0])
         decoder.dynamic_multimask_stability_thresh = official_thresh
+        if spec.hq:
+            out[name, "hq_token_only"] = predictor.predict(**kw, multimask_output=False,
+                                                           hq_token_only=True, return_logits=True)
         _, scores, low = out[name, "multimask"]
         best = low[np.argmax(scores)][None]
         out[name, "mask_input_arg"] = best
         for option, multimask in (("mask_input_single", False), ("mask_input_multi", True)):
             out[name, option] = predictor.predict(**kw, mask_input=best,
                                                   multimask_output=multimask, return_logits=True)
-        single0 = torch.as_tensor(out[name, "single_stable"][2])
-        out[name, "stability"] = float(decoder._get_stability_scores(single0)[0])
     out["grad"] = _torch_gradients(predictor, predictor_cls, image, target)
     del predictor, model
     gc.collect()
@@ -242,7 +282,7 @@ def _torch_gradients(predictor, predictor_cls, image, target) -> dict:
     return out
 
 
-def jax_side(model_dir, image, target, ref):
+def jax_side(spec: Sam2Spec, model_dir, image, target, ref):
     """Runs our converted model on the same inputs."""
     predictor = zoo.load(model_dir)
     predictor.set_image(image)
@@ -285,6 +325,9 @@ def jax_side(model_dir, image, target, ref):
         for option, multimask in (("mask_input_single", False), ("mask_input_multi", True)):
             out[name, option] = predictor.predict(**kw, mask_input=ref[name, "mask_input_arg"],
                                                   multimask_output=multimask, return_logits=True)
+        if spec.hq:
+            out[name, "hq_token_only"] = predictor.predict(**kw, multimask_output=False,
+                                                           hq_token_only=True, return_logits=True)
         out[name, "stability"] = float(stability_score(
             all_low[0], seg.config.dynamic_multimask_stability_delta))
     out["grad"] = _jax_gradients(seg, params, predictor, image, target)
@@ -320,7 +363,8 @@ def run_parity(spec: Sam2Spec, request, tmp_path_factory):
     Returns:
       (spec, image source, reference results, our results, port output dir).
     """
-    repo = reference_repo()
+    repo = reference_repo(spec.repo_env, "SysCV/sam-hq's sam-hq2" if spec.hq
+                          else "facebookresearch/sam2")
     image, target, source = load_image_and_target(request)
     tmp = tmp_path_factory.mktemp(spec.name.replace(".", "_"))
     ckpt = tmp / f"{spec.name}_random.pt"
@@ -328,26 +372,28 @@ def run_parity(spec: Sam2Spec, request, tmp_path_factory):
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         ref = pool.submit(torch_side, spec, repo, image, target, ckpt).result()
     out_dir = tmp / "converted"
-    args = ["sam2", "--checkpoint", str(ckpt), "--out", str(out_dir)]
+    args = [spec.port, "--checkpoint", str(ckpt), "--out", str(out_dir)]
     if spec.overrides:  # the test model is not an official variant: port its params directly
-        _port_test_model(ckpt, out_dir)
+        _port_test_model(spec, ckpt, out_dir)
     else:
         assert ports_main(args) == 0
     ckpt.unlink()
-    ours = jax_side(out_dir, image, target, ref)
+    ours = jax_side(spec, out_dir, image, target, ref)
     gc.collect()
     return spec, source, ref, ours, out_dir
 
 
-def _port_test_model(ckpt, out_dir) -> None:
+def _port_test_model(spec: Sam2Spec, ckpt, out_dir) -> None:
     """The tiny test configuration through the same strict converter (no official variant name)."""
     from jaxseg_robust.models import store
-    from jaxseg_robust.models.sam2.config import TEST_CONFIG
+    from jaxseg_robust.models.sam2.config import HQ_TEST_CONFIG, TEST_CONFIG
     from ports.sam2 import convert_sam2
+    from ports.sam2_hq import convert_sam2_hq
     from ports.torch_checkpoint import load_state_dict
 
-    params, _ = convert_sam2(load_state_dict(ckpt), TEST_CONFIG, what=str(ckpt))
-    store.save(out_dir, params, family="sam2", variant="test", config=TEST_CONFIG.to_dict())
+    convert, config = (convert_sam2_hq, HQ_TEST_CONFIG) if spec.hq else (convert_sam2, TEST_CONFIG)
+    params, _ = convert(load_state_dict(ckpt), config, what=str(ckpt))
+    store.save(out_dir, params, family=config.family, variant="test", config=config.to_dict())
 
 
 # ---- checks ----------------------------------------------------------------------
@@ -414,3 +460,16 @@ def check_gradients(results, case: str, multimask: bool) -> None:
     print(f"\nPARITY {spec.name} Dice gradient ({case}, multimask={multimask}): rel_err={rel:.3g}"
           f" |grad|={np.linalg.norm(want):.3g} loss={loss_t:.6f}")
     assert np.linalg.norm(want) > 0 and rel <= GRAD_RTOL
+
+
+def check_hq_token_only(results, case: str) -> None:
+    """HQ-SAM 2's ``hq_token_only`` output (single-mask mode): the HQ mask alone and its score."""
+    spec, _, ref, ours, _ = results
+    (m_t, s_t, l_t), (m_o, s_o, l_o) = ref[case, "hq_token_only"], ours[case, "hq_token_only"]
+    assert m_o.shape == m_t.shape and l_o.shape == l_t.shape and s_o.shape == s_t.shape
+    e_mask, sc_mask = max_err(m_o, m_t)
+    e_low, sc_low = max_err(l_o, l_t)
+    e_iou, _ = max_err(s_o, s_t)
+    print(f"\nPARITY {spec.name} {case} hq_token_only (max_abs_err/scale): masks {e_mask:.3g}/"
+          f"{sc_mask:.3g} low-res {e_low:.3g}/{sc_low:.3g} iou {e_iou:.3g}")
+    assert e_mask <= LOGIT_RTOL * sc_mask and e_low <= LOGIT_RTOL * sc_low and e_iou <= LOGIT_RTOL

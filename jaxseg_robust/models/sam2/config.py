@@ -241,6 +241,18 @@ class Sam2Config:
                                    what="SAM 2 config")
 
 
+@dataclasses.dataclass(frozen=True)
+class Sam2HQConfig(Sam2Config):
+    """An HQ-SAM 2 image model: `Sam2Config` with HQ-SAM 2's decoder (family "sam2_hq").
+
+    The HQ mask decoder (``mask_hq_decoder.MaskDecoderHQ`` of SysCV/sam-hq,
+    docs/models/sam_hq2.md) adds an HQ output token, its MLP and a mask-feature
+    block; every HQ shape follows from ``d_model``, so no field is added.
+    """
+
+    family: str = "sam2_hq"
+
+
 def with_compute_dtype(config: Sam2Config, compute_dtype: str) -> Sam2Config:
     """``config`` with the image encoder computing in ``compute_dtype``."""
     return dataclasses.replace(config, compute_dtype=compute_dtype)
@@ -277,7 +289,19 @@ def official_config(variant: str, version: str) -> Sam2Config:
 
 
 TEST_CONFIG = Sam2Config(encoder=HIERA_TEST, variant="test", image_size=128, d_model=32)
+# HQ-SAM 2 was released as SAM 2.1 Hiera-L only (sam2.1_hq_hiera_large.pt).
+HQ_VARIANTS = ("hiera_large",)
+# The tiny test model with HQ-SAM 2's decoder.
+HQ_TEST_CONFIG = Sam2HQConfig(encoder=HIERA_TEST, variant="test", image_size=128, d_model=32)
 
-__all__ = ["HieraBlockSpec", "HieraConfig", "Sam2Config", "with_compute_dtype", "official_config",
+
+def official_hq_config(variant: str = "hiera_large") -> Sam2HQConfig:
+    """The `Sam2HQConfig` of an HQ-SAM 2 checkpoint (SAM 2.1 trunk ``variant``)."""
+    base = official_config(variant, "2.1")
+    return Sam2HQConfig(**{f.name: getattr(base, f.name)
+                           for f in dataclasses.fields(Sam2Config) if f.name != "family"})
+
+__all__ = ["HieraBlockSpec", "HieraConfig", "Sam2Config", "Sam2HQConfig", "with_compute_dtype",
+           "official_config", "official_hq_config", "HQ_TEST_CONFIG", "HQ_VARIANTS",
            "TRUNKS", "TEST_CONFIG", "HIERA_TEST", "COMPUTE_DTYPES", "PIXEL_MEAN", "PIXEL_STD",
            "VERSIONS"]

@@ -70,10 +70,9 @@ class Sam2MaskDecoder(MaskDecoder):
             self.obj_score_token = self.param("obj_score_token", normal, (1, c))
             self.pred_obj_score_head = (MLP(c, c, 1, 3) if self.pred_obj_scores_mlp
                                         else Linear(c, 1))
-        read = self.num_leading_tokens + 1 + self.num_mask_tokens
         self.transformer = TwoWayTransformer(cfg.transformer_depth, c, cfg.transformer_num_heads,
                                              cfg.transformer_mlp_dim, cfg.attention_downsample_rate,
-                                             num_read_tokens=read)
+                                             num_read_tokens=self.num_read_tokens)
         self.output_upscaling = Sam2OutputUpscaling(c)
         if self.use_high_res_features:
             self.conv_s0 = Linear(c, c // 8)
@@ -87,6 +86,11 @@ class Sam2MaskDecoder(MaskDecoder):
     def num_leading_tokens(self) -> int:
         """Output tokens before the IoU token (1 with the object-score token)."""
         return 1 if self.pred_obj_scores else 0
+
+    @property
+    def num_read_tokens(self) -> int:
+        """Output tokens read after the transformer: [object-score,] IoU and the K mask tokens."""
+        return self.num_leading_tokens + 1 + self.num_mask_tokens
 
     def output_tokens(self) -> jnp.ndarray:
         """f32[s + 1 + K, C]: [object-score token,] IoU token, K mask tokens."""
@@ -111,6 +115,29 @@ class Sam2MaskDecoder(MaskDecoder):
         """FPN levels 0/1 f32[..., d] -> (s0 f32[..., C/8], s1 f32[..., C/4]) (once per image)."""
         return self.conv_s0(level0), self.conv_s1(level1)
 
+    def upscaled_blocks(self, src: jnp.ndarray,
+                        high_res: tuple[jnp.ndarray, jnp.ndarray] | None) -> jnp.ndarray:
+        """Transformer image output f32[E, E, C] -> upscaled patch layout f32[E, E, 2, 2, 2, 2, C/8].
+
+        With ``use_high_res_features`` the projected skips ``high_res = (s0, s1)``
+        are added after each transposed conv (required then).
+        """
+        if not self.use_high_res_features:
+            return self.output_upscaling.blocks(src)
+        if high_res is None:
+            raise ValueError("this SAM 2 decoder needs the high-resolution features")
+        return self.output_upscaling.blocks_with_skips(src, high_res[1], high_res[0])
+
+    def quality_heads(self, hs: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+        """Output tokens f32[T, C] -> (iou f32[K] (sigmoid with ``iou_prediction_use_sigmoid``),
+        object_score_logit f32[1] (10 without ``pred_obj_scores``))."""
+        iou = self.iou_prediction_head(hs[self.num_leading_tokens])
+        if self.iou_prediction_use_sigmoid:
+            iou = nn.sigmoid(iou)
+        if self.pred_obj_scores:
+            return iou, self.pred_obj_score_head(hs[0])
+        return iou, jnp.full((1,), NO_OBJECT_SCORE_LOGIT, iou.dtype)
+
     def __call__(self, image_embeddings, image_pe, sparse, token_valid, dense: LowRankDense,
                  high_res: tuple[jnp.ndarray, jnp.ndarray] | None = None):
         """Predicts every candidate mask for one prompt set.
@@ -130,20 +157,9 @@ class Sam2MaskDecoder(MaskDecoder):
             self.project_high_res(image_embeddings, image_embeddings)  # creates conv_s0/conv_s1
         hs, src = self.run_transformer(image_embeddings, image_pe, sparse, token_valid, dense)
         s = self.num_leading_tokens
-        if self.use_high_res_features:
-            if high_res is None:
-                raise ValueError("this SAM 2 decoder needs the high-resolution features")
-            blocks = self.output_upscaling.blocks_with_skips(src, high_res[1], high_res[0])
-        else:
-            blocks = self.output_upscaling.blocks(src)
-        masks = self.sam_masks(hs[s + 1:s + 1 + self.num_mask_tokens], blocks)
-        iou = self.iou_prediction_head(hs[s])
-        if self.iou_prediction_use_sigmoid:
-            iou = nn.sigmoid(iou)
-        if self.pred_obj_scores:
-            object_score = self.pred_obj_score_head(hs[0])
-        else:
-            object_score = jnp.full((1,), NO_OBJECT_SCORE_LOGIT, iou.dtype)
+        masks = self.sam_masks(hs[s + 1:s + 1 + self.num_mask_tokens],
+                               self.upscaled_blocks(src, high_res))
+        iou, object_score = self.quality_heads(hs)
         return masks, iou, object_score
 
 
