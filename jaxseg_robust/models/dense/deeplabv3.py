@@ -34,6 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
 from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, ConfiguredDense, Params,
                                              check_images, normalise)
 from jaxseg_robust.models.dense.layers import conv2d, upsample_bilinear
@@ -96,17 +97,12 @@ class DeepLabV3Config:
 
     def to_dict(self) -> dict:
         """JSON-representable dict."""
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()}
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DeepLabV3Config":
         """Inverse of `to_dict`; unknown keys raise ValueError."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown DeepLabV3Config field(s) {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        return dataclass_from_dict(cls, d, what="DeepLabV3 config")
 
 
 def _batch_norm(eps: float, name: str) -> nn.BatchNorm:

@@ -49,6 +49,7 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax.numpy as jnp
 
+from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
 from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, ConfiguredDense, Params,
                                              check_images, network_variable_shapes, normalise)
 from jaxseg_robust.models.dense.deeplabv3 import EXPANSION, Bottleneck
@@ -136,17 +137,12 @@ class SemsegConfig:
 
     def to_dict(self) -> dict:
         """JSON-representable dict."""
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()}
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SemsegConfig":
         """Inverse of `to_dict`; unknown keys raise ValueError."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown SemsegConfig field(s) {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        return dataclass_from_dict(cls, d, what="semseg config")
 
 
 def output_size(size: int, zoom_factor: int = ZOOM_FACTOR) -> int:

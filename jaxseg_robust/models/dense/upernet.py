@@ -42,6 +42,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
 from jaxseg_robust.models.dense.base import (ConfiguredDense, Params, check_images,
                                              network_variable_shapes, normalise)
 from jaxseg_robust.models.dense.layers import adaptive_avg_pool, conv2d, upsample_bilinear
@@ -112,17 +113,12 @@ class UperNetConfig:
 
     def to_dict(self) -> dict:
         """JSON-representable dict."""
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()}
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "UperNetConfig":
         """Inverse of `to_dict`; unknown keys raise ValueError."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown UperNetConfig field(s) {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        return dataclass_from_dict(cls, d, what="UPerNet config")
 
 
 def _layer_norm(name: str) -> nn.LayerNorm:

@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
+from jaxseg_robust.models.config_json import dataclass_from_dict
+
 PIXEL_MEAN = (123.675, 116.28, 103.53)
 PIXEL_STD = (58.395, 57.12, 57.375)
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -67,27 +69,6 @@ def build_image_encoder(kind: str, config: Any, dtype: Any):
         raise ValueError(f"encoder kind '{kind}' needs a {config_cls.__name__}, "
                          f"got {type(config).__name__}")
     return build(config, dtype)
-
-
-def _tuples(value: Any) -> Any:
-    """JSON lists -> tuples, recursively (dataclass fields are tuples)."""
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _tuples(v) for k, v in value.items()}
-    return value
-
-
-def dataclass_from_dict(cls: type, data: dict, *, what: str) -> Any:
-    """Builds dataclass ``cls`` from a JSON dict; unknown or missing fields are errors."""
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{what}: unknown field(s) {unknown} for {cls.__name__}")
-    try:
-        return cls(**{k: _tuples(v) for k, v in data.items()})
-    except TypeError as err:
-        raise ValueError(f"{what}: cannot build {cls.__name__}: {err}") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxseg_robust.models.sam.config import MaskDecoderConfig, dataclass_from_dict
+from jaxseg_robust.models.config_json import dataclass_from_dict
+from jaxseg_robust.models.sam.config import MaskDecoderConfig
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # torchvision ``Normalize`` of SAM2Transforms, on images scaled to [0, 1] (ImageNet statistics).
