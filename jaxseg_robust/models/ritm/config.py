@@ -14,8 +14,6 @@ import dataclasses
 from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
 
 FAMILY = "ritm"
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,14 +63,6 @@ class RitmConfig:
     def coord_channels(self) -> int:
         """Click-map channels: previous mask (optional), positive disks, negative disks."""
         return 3 if self.with_prev_mask else 2
-
-    @property
-    def pixel_mean(self) -> tuple[float, float, float]:
-        return IMAGENET_MEAN
-
-    @property
-    def pixel_std(self) -> tuple[float, float, float]:
-        return IMAGENET_STD
 
     def to_dict(self) -> dict:
         """JSON form (``config.json`` of a converted model)."""

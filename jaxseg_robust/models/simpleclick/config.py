@@ -16,8 +16,6 @@ from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
 
 FAMILY = "simpleclick"
 CFR_ICL = "cfr_icl"  # the authors' predictor family of CFR-ICL weights
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 # The authors' ViT windows: 224 / patch tokens per window side at the pre-training size.
 PRETRAIN_WINDOW_PIXELS = 224
 
@@ -89,14 +87,6 @@ class SimpleClickConfig:
     def coord_channels(self) -> int:
         """Click-map channels: previous mask (optional), positive disks, negative disks."""
         return 3 if self.with_prev_mask else 2
-
-    @property
-    def pixel_mean(self) -> tuple[float, float, float]:
-        return IMAGENET_MEAN
-
-    @property
-    def pixel_std(self) -> tuple[float, float, float]:
-        return IMAGENET_STD
 
     def input_grid(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Patch grid of an (h, w) input; ValueError if it does not fit the windowed ViT.
