@@ -32,6 +32,15 @@ PIXEL_MEAN = (123.675, 116.28, 103.53)
 PIXEL_STD = (58.395, 57.12, 57.375)
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
+
+def named_compute_dtype(name: str):
+    """The jnp dtype a config's ``compute_dtype`` names (a key of `COMPUTE_DTYPES`);
+    ValueError for any other name."""
+    if name not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}; got {name!r}")
+    return COMPUTE_DTYPES[name]
+
+
 _ENCODERS: dict[str, tuple[type, Callable[[Any, Any], Any]]] = {}
 
 
@@ -121,9 +130,7 @@ class SamConfig:
     compute_dtype: str = "float32"
 
     def __post_init__(self):
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}; "
-                             f"got {self.compute_dtype!r}")
+        named_compute_dtype(self.compute_dtype)  # refuses an unknown name
         if self.image_size % self.embedding_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of "
                              f"embedding_size {self.embedding_size}")
@@ -136,7 +143,7 @@ class SamConfig:
     @property
     def dtype(self):
         """The jnp dtype named by ``compute_dtype``."""
-        return COMPUTE_DTYPES[self.compute_dtype]
+        return named_compute_dtype(self.compute_dtype)
 
     def to_dict(self) -> dict:
         """JSON-representable dict (tuples become lists when serialised)."""
