@@ -1,6 +1,6 @@
-"""The calling convention of ``segment_anything.SamPredictor``, shared by every family's predictor.
+"""The calling convention of ``segment_anything.SamPredictor``, shared by the promptable families' predictors.
 
-`ImagePredictor` is what ``zoo.load(...)`` returns: it holds a segmenter and its
+`ImagePredictor` is what ``zoo.load(...)`` returns for a promptable model: it holds a segmenter and its
 parameters, takes one image at a time (`set_image`, or a 3-D first argument of
 ``predict``) and answers ``predict(point_coords, point_labels, box, mask_input,
 multimask_output, return_logits)`` with numpy arrays. Each family's subclass
