@@ -117,14 +117,8 @@ def save_npz(out_dir: str | os.PathLike, params: Mapping, *, family: str, varian
     """Writes ``params`` as DIR/params.npz (float32, one array per "/"-joined path) and config.json.
 
     The single-file alternative to `save` for small models shipped as package
-    data (no orbax directory tree, no orbax import to read it back).
-
-    Returns:
-      The absolute output directory.
-
-    Raises:
-      StoreError: ``out_dir`` already holds a model and ``overwrite`` is False,
-        or it is a file.
+    data (no orbax directory tree, no orbax import to read it back); returns and
+    raises as `save` does.
     """
     out = _empty_model_directory(out_dir, overwrite)
     tmp = out / (PARAMS_NPZ + ".tmp")
