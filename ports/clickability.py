@@ -29,7 +29,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ports.keytable import PortError, Rule, conv, convert, identity
+from ports.keytable import PortError, Rule, batch_norm_rules, conv_rules, convert, identity, layer_norm_rules
 from ports.port_cli import add_checkpoint_arguments, report_converted
 from ports.torch_checkpoint import drop_batchnorm_counters
 
@@ -46,30 +46,6 @@ _BLOCK_CONVS = (
 )
 
 
-def _bn_rules(torch_prefix: str, flax_prefix: str) -> list[Rule]:
-    """BatchNorm: weight/bias -> params scale/bias, running stats -> batch_stats."""
-    return [
-        Rule(torch_prefix + r"\.weight", f"params/{flax_prefix}/scale"),
-        Rule(torch_prefix + r"\.bias", f"params/{flax_prefix}/bias"),
-        Rule(torch_prefix + r"\.running_mean", f"batch_stats/{flax_prefix}/mean"),
-        Rule(torch_prefix + r"\.running_var", f"batch_stats/{flax_prefix}/var"),
-    ]
-
-
-def _conv_rules(torch_prefix: str, flax_prefix: str, *, bias: bool = True) -> list[Rule]:
-    """Conv2d weight [O, I/g, kh, kw] -> kernel [kh, kw, I/g, O] (+ bias)."""
-    rules = [Rule(torch_prefix + r"\.weight", f"params/{flax_prefix}/kernel", conv)]
-    if bias:
-        rules.append(Rule(torch_prefix + r"\.bias", f"params/{flax_prefix}/bias"))
-    return rules
-
-
-def _scale_bias_rules(torch_prefix: str, flax_prefix: str) -> list[Rule]:
-    """LayerNorm / GroupNorm: weight -> scale, bias -> bias."""
-    return [Rule(torch_prefix + r"\.weight", f"params/{flax_prefix}/scale"),
-            Rule(torch_prefix + r"\.bias", f"params/{flax_prefix}/bias")]
-
-
 def clickability_rules() -> list[Rule]:
     """The key table: official SegNeXtSaliency state-dict keys -> Flax variable paths."""
     e, h = BACKBONE, HEAD
@@ -77,29 +53,28 @@ def clickability_rules() -> list[Rule]:
     blk_flax = r"backbone/block\g<1>_\g<2>"
     rules: list[Rule] = []
     # Mask encoder (maps_transform.{0,2,4} convs, .5 ScaleLayer).
-    rules += _conv_rules(r"maps_transform\.([024])", r"maps_transform/conv_\g<1>")
+    rules += conv_rules(r"maps_transform\.([024])", r"maps_transform/conv_\g<1>", bias=True)
     rules.append(Rule(r"maps_transform\.5\.scale", "params/maps_transform/scale"))
     # Stem (patch_embed1.proj.{0: conv, 1: BN, 3: conv, 4: BN}).
-    rules += _conv_rules(e + r"patch_embed1\.proj\.([03])", r"backbone/patch_embed1/proj_\g<1>")
-    rules += _bn_rules(e + r"patch_embed1\.proj\.([14])", r"backbone/patch_embed1/proj_\g<1>")
+    rules += conv_rules(e + r"patch_embed1\.proj\.([03])", r"backbone/patch_embed1/proj_\g<1>", bias=True)
+    rules += batch_norm_rules(e + r"patch_embed1\.proj\.([14])", r"backbone/patch_embed1/proj_\g<1>")
     # Stages 2-4 patch embeddings.
-    rules += _conv_rules(e + r"patch_embed([234])\.proj", r"backbone/patch_embed\g<1>/proj")
-    rules += _bn_rules(e + r"patch_embed([234])\.norm", r"backbone/patch_embed\g<1>/norm")
+    rules += conv_rules(e + r"patch_embed([234])\.proj", r"backbone/patch_embed\g<1>/proj", bias=True)
+    rules += batch_norm_rules(e + r"patch_embed([234])\.norm", r"backbone/patch_embed\g<1>/norm")
     # Blocks.
     rules.append(Rule(blk + r"(layer_scale_[12])", "params/" + blk_flax + r"/\g<3>"))
-    rules += _bn_rules(blk + r"(norm[12])", blk_flax + r"/\g<3>")
+    rules += batch_norm_rules(blk + r"(norm[12])", blk_flax + r"/\g<3>")
     for torch_conv, flax_conv in _BLOCK_CONVS:
-        rules += _conv_rules(blk + torch_conv, blk_flax + flax_conv)
+        rules += conv_rules(blk + torch_conv, blk_flax + flax_conv, bias=True)
     # Stage LayerNorms.
-    rules += _scale_bias_rules(e + r"norm([1-4])", r"backbone/norm\g<1>")
+    rules += layer_norm_rules(e + r"norm([1-4])", r"backbone/norm\g<1>")
     # Decode head.
-    rules += _conv_rules(h + r"conv_seg", "decode_head/conv_seg")
+    rules += conv_rules(h + r"conv_seg", "decode_head/conv_seg", bias=True)
     for name in ("squeeze", "align", "hamburger.ham_out"):
         flax_name = "decode_head/" + name.replace(".", "/")
-        rules += _conv_rules(h + name.replace(".", r"\.") + r"\.conv", flax_name + "/conv",
-                             bias=False)
-        rules += _scale_bias_rules(h + name.replace(".", r"\.") + r"\.gn", flax_name + "/gn")
-    rules += _conv_rules(h + r"hamburger\.ham_in\.conv", "decode_head/hamburger/ham_in")
+        rules += conv_rules(h + name.replace(".", r"\.") + r"\.conv", flax_name + "/conv")
+        rules += layer_norm_rules(h + name.replace(".", r"\.") + r"\.gn", flax_name + "/gn")
+    rules += conv_rules(h + r"hamburger\.ham_in\.conv", "decode_head/hamburger/ham_in", bias=True)
     rules.append(Rule(h + r"hamburger\.ham\.bases", "buffers/decode_head/hamburger/ham/bases",
                       identity))
     return rules

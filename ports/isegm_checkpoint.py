@@ -197,6 +197,18 @@ def _plain_config(config: Any, path: str) -> dict:
     return {"class": str(config["class"]), "params": params}
 
 
+def require_model_class(config: dict, expected: str, family: str, other_families: str, *, what: str) -> None:
+    """Checks that the checkpoint's isegm model class (``config["class"]``) is the family's ``expected``.
+
+    Raises:
+      PortError: naming the class found and the family's; ``other_families`` says which port
+        the checkpoints of the other isegm families take.
+    """
+    if config["class"] != expected:
+        raise PortError(f"{what}: the checkpoint's model class is '{config['class']}', not "
+                        f"{family}'s '{expected}' (wrong family? {other_families})")
+
+
 def require_values(config: dict, expected: Mapping[str, Any], *, what: str) -> None:
     """Checks config values the port does not support changing (absent = isegm's default).
 

@@ -167,6 +167,6 @@ def batch_norm_rules(torch_prefix: str, flax_prefix: str) -> list[Rule]:
 
 
 def layer_norm_rules(torch_prefix: str, flax_prefix: str) -> list[Rule]:
-    """Rules of a torch LayerNorm (``weight``, ``bias``) -> Flax ``params/.../{scale,bias}``."""
+    """Rules of a torch LayerNorm or GroupNorm (``weight``, ``bias``) -> Flax ``params/.../{scale,bias}``."""
     return [Rule(torch_prefix + r"\.weight", f"params/{flax_prefix}/scale"),
             Rule(torch_prefix + r"\.bias", f"params/{flax_prefix}/bias")]

@@ -23,6 +23,7 @@ import os
 from ports.isegm_checkpoint import (
     PathRule,
     load_isegm_checkpoint,
+    require_model_class,
     require_values,
     torch_layout,
 )
@@ -54,10 +55,8 @@ def config_from_checkpoint(config: dict, *, what: str):
     """
     from jaxseg_robust.models.ritm.config import RitmConfig  # noqa: PLC0415
 
-    if config["class"] != RITM_CLASS:
-        raise PortError(f"{what}: the checkpoint's model class is '{config['class']}', not "
-                        f"RITM's '{RITM_CLASS}' (wrong family? SimpleClick/CFR-ICL checkpoints "
-                        f"use `python -m ports simpleclick`)")
+    require_model_class(config, RITM_CLASS, "RITM",
+                        "SimpleClick/CFR-ICL checkpoints use `python -m ports simpleclick`", what=what)
     require_values(config, SUPPORTED_DEFAULTS, what=what)
     p = config["params"]
     width, ocr_width, small = int(p.get("width", 48)), int(p.get("ocr_width", 256)), \

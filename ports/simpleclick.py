@@ -30,6 +30,7 @@ from ports.isegm_checkpoint import (
     PathRule,
     drop_unused,
     load_isegm_checkpoint,
+    require_model_class,
     require_values,
     torch_layout,
 )
@@ -91,10 +92,8 @@ def config_from_checkpoint(config: dict, *, what: str):
     """
     from jaxseg_robust.models.simpleclick.config import SimpleClickConfig  # noqa: PLC0415
 
-    if config["class"] != SIMPLECLICK_CLASS:
-        raise PortError(f"{what}: the checkpoint's model class is '{config['class']}', not "
-                        f"SimpleClick's '{SIMPLECLICK_CLASS}' (wrong family? RITM checkpoints "
-                        f"use `python -m ports ritm`)")
+    require_model_class(config, SIMPLECLICK_CLASS, "SimpleClick", "RITM checkpoints use `python -m ports ritm`",
+                        what=what)
     require_values(config, SUPPORTED_DEFAULTS, what=what)
     p = config["params"]
     backbone, neck, head = (dict(p.get(k) or {}) for k in

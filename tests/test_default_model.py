@@ -132,6 +132,19 @@ def test_npz_store_round_trip_and_errors(tmp_path):
         zoo.load_params(out)
 
 
+def test_an_orbax_save_over_an_npz_model_replaces_it(tmp_path):
+    """`store.save` with ``overwrite`` empties the directory as `save_npz` does: the old
+    params.npz, which `store.load` would read before params/, goes too."""
+    seg = SamSegmenter(TINY_CONFIG)
+    out = tmp_path / "tiny"
+    store.save_npz(out, seg.init(1), family="sam", variant="tiny", config=TINY_CONFIG.to_dict())
+    params = seg.init(2)
+    store.save(out, params, family="sam", variant="tiny", config=TINY_CONFIG.to_dict(), overwrite=True)
+    assert not (out / store.PARAMS_NPZ).exists()
+    loaded, _ = store.load(out)
+    jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
 @pytest.mark.slow  # compiling the full train step (clicker EDTs, mask feedback loop) takes minutes on CPU
 def test_training_step_lowers_the_loss_on_a_fixed_batch():
     train = _training_module()

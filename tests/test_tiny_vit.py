@@ -17,7 +17,8 @@ from flax import traverse_util
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxseg_robust.models.sam.config import build_image_encoder, dataclass_from_dict
+from jaxseg_robust.models.config_json import dataclass_from_dict
+from jaxseg_robust.models.sam.config import build_image_encoder
 from jaxseg_robust.models.sam.tiny_vit import (
     TinyViTConfig,
     TinyViTEncoder,

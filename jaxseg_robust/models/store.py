@@ -57,7 +57,7 @@ def save(out_dir: str | os.PathLike, params: Mapping, *, family: str, variant: s
       family, variant: model family ("sam", ...) and variant ("vit_b", ...).
       config: the JSON-representable model config (``SamConfig.to_dict()``).
       source_path: the checkpoint converted from; its SHA-256 and size are recorded.
-      overwrite: replace an existing model (its params/ and config.json only).
+      overwrite: replace an existing model (its params/, params.npz and config.json only).
 
     Returns:
       The absolute output directory.
@@ -66,28 +66,39 @@ def save(out_dir: str | os.PathLike, params: Mapping, *, family: str, variant: s
       StoreError: ``out_dir`` already holds a model and ``overwrite`` is False,
         or it is a file.
     """
-    out = pathlib.Path(out_dir).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise StoreError(f"--out {out} exists and is not a directory")
-    params_dir, config_file = out / PARAMS_DIR, out / CONFIG_FILE
-    if params_dir.exists() or config_file.exists():
-        if not overwrite:
-            raise StoreError(f"{out} already holds a converted model (pass overwrite / --overwrite "
-                             f"to replace it)")
-        shutil.rmtree(params_dir, ignore_errors=True)
-        config_file.unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _empty_model_directory(out_dir, overwrite)
     source = None
     if source_path is not None:
         source = {"path": os.fspath(source_path), "sha256": file_sha256(source_path),
                   "bytes": os.path.getsize(source_path)}
-    tree = {k: np.asarray(v, np.float32) for k, v in
-            traverse_util.flatten_dict(dict(params), sep="/").items()}
     ckptr = _checkpointer()
-    ckptr.save(params_dir, traverse_util.unflatten_dict(tree, sep="/"))
+    ckptr.save(out / PARAMS_DIR, traverse_util.unflatten_dict(_float32_leaves(params), sep="/"))
     ckptr.wait_until_finished()
     _write_meta(out, family, variant, config, source)  # config.json appears only once the params are complete
     return os.fspath(out)
+
+
+def _empty_model_directory(out_dir: str | os.PathLike, overwrite: bool) -> pathlib.Path:
+    """The absolute ``out_dir``, created, holding none of a model's files (params/, params.npz,
+    config.json): an existing model is removed only with ``overwrite``, else StoreError."""
+    out = pathlib.Path(out_dir).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise StoreError(f"--out {out} exists and is not a directory")
+    params_dir, npz, config_file = out / PARAMS_DIR, out / PARAMS_NPZ, out / CONFIG_FILE
+    if params_dir.exists() or npz.exists() or config_file.exists():
+        if not overwrite:
+            raise StoreError(f"{out} already holds a converted model (pass overwrite / --overwrite "
+                             f"to replace it)")
+        shutil.rmtree(params_dir, ignore_errors=True)
+        npz.unlink(missing_ok=True)
+        config_file.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _float32_leaves(params: Mapping) -> dict[str, np.ndarray]:
+    """The param tree's leaves as float32 numpy arrays, keyed by their "/"-joined paths."""
+    return {k: np.asarray(v, np.float32) for k, v in traverse_util.flatten_dict(dict(params), sep="/").items()}
 
 
 def _write_meta(out: pathlib.Path, family: str, variant: str, config: Mapping[str, Any],
@@ -106,33 +117,14 @@ def save_npz(out_dir: str | os.PathLike, params: Mapping, *, family: str, varian
     """Writes ``params`` as DIR/params.npz (float32, one array per "/"-joined path) and config.json.
 
     The single-file alternative to `save` for small models shipped as package
-    data (no orbax directory tree, no orbax import to read it back).
-
-    Returns:
-      The absolute output directory.
-
-    Raises:
-      StoreError: ``out_dir`` already holds a model and ``overwrite`` is False,
-        or it is a file.
+    data (no orbax directory tree, no orbax import to read it back); returns and
+    raises as `save` does.
     """
-    out = pathlib.Path(out_dir).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise StoreError(f"--out {out} exists and is not a directory")
-    npz, config_file = out / PARAMS_NPZ, out / CONFIG_FILE
-    if npz.exists() or config_file.exists() or (out / PARAMS_DIR).exists():
-        if not overwrite:
-            raise StoreError(f"{out} already holds a converted model (pass overwrite / --overwrite "
-                             f"to replace it)")
-        shutil.rmtree(out / PARAMS_DIR, ignore_errors=True)
-        npz.unlink(missing_ok=True)
-        config_file.unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    tree = {k: np.asarray(v, np.float32) for k, v in
-            traverse_util.flatten_dict(dict(params), sep="/").items()}
+    out = _empty_model_directory(out_dir, overwrite)
     tmp = out / (PARAMS_NPZ + ".tmp")
     with open(tmp, "wb") as f:
-        np.savez_compressed(f, **tree)
-    tmp.replace(npz)
+        np.savez_compressed(f, **_float32_leaves(params))
+    tmp.replace(out / PARAMS_NPZ)
     _write_meta(out, family, variant, config, None)
     return os.fspath(out)
 

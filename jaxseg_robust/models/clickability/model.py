@@ -34,6 +34,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
 from jaxseg_robust.models.clickability.ham_head import LightHamHead
 from jaxseg_robust.models.clickability.layers import conv2d
 from jaxseg_robust.models.clickability.letterbox import (IMAGENET_MEAN, IMAGENET_STD,
@@ -107,17 +108,12 @@ class ClickabilityConfig:
 
     def to_dict(self) -> dict:
         """JSON-representable dict."""
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()}
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ClickabilityConfig":
         """Inverse of `to_dict`; unknown keys raise ValueError."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown ClickabilityConfig field(s) {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        return dataclass_from_dict(cls, d, what="clickability config")
 
 
 SEGNEXT_B = ClickabilityConfig()

@@ -15,7 +15,8 @@ are short and obviously one-to-one. Leaf names are torch's:
 * `BatchNorm2d` (eval mode: running statistics, eps 1e-5): ``weight``, ``bias``,
   ``running_mean``, ``running_var``;
 * `Linear`: ``weight`` f32[in, out] (torch [out, in] transposed), ``bias``;
-* `LayerNorm` / `GroupNorm1` (``nn.GroupNorm(1, C)``): ``weight``, ``bias``.
+* `LayerNorm` / `GroupNorm1` (``nn.GroupNorm(1, C)``): ``weight``, ``bias``;
+* `imagenet_normalize`: isegm's input ``Normalize`` (ImageNet mean and std), no parameters.
 
 Every module is a plain function of its input (no train mode, no state);
 `random_params` draws sensible random values for every leaf name on the host.
@@ -36,6 +37,8 @@ from jaxseg_robust.models.sam.random_init import _seed
 from jaxseg_robust.ops.conv import conv_general_dilated
 
 BATCHNORM_EPS = 1e-5
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def _zeros(key, shape, dtype=jnp.float32):
@@ -197,6 +200,13 @@ class GroupNorm1(nn.Module):
         y = standardise(x, self.eps, (-3, -2, -1))
         return y * self.param("weight", _ones, (self.num_channels,)) + \
             self.param("bias", _zeros, (self.num_channels,))
+
+
+def imagenet_normalize(image: jnp.ndarray) -> jnp.ndarray:
+    """isegm's ``ISModel.normalization``: f32[..., 3] in [0, 1] -> (image - mean) / std, float32."""
+    mean = jnp.asarray(IMAGENET_MEAN, jnp.float32)
+    std = jnp.asarray(IMAGENET_STD, jnp.float32)
+    return (image - mean) / std
 
 
 def gelu(x: jnp.ndarray) -> jnp.ndarray:

@@ -38,10 +38,7 @@ import numpy as np
 
 from jaxseg_robust.models.clickmap.isegm import IsegmOptions, IsegmState, predict_click
 from jaxseg_robust.models.clickmap.segmenter import ClickMapSegmenter
-
-
-def _slots(n: int) -> int:
-    return 1 << max(0, int(np.ceil(np.log2(max(n, 1)))))
+from jaxseg_robust.models.image_predictor import ImagePredictor, prompt_slots, rgb_image
 
 
 @functools.lru_cache(maxsize=32)
@@ -62,7 +59,7 @@ def compiled_step(segmenter: ClickMapSegmenter, options: IsegmOptions):
     return jax.jit(step, static_argnums=(5,))
 
 
-class ClickMapPredictor:
+class ClickMapPredictor(ImagePredictor):
     """Image-at-a-time predictor for click-map models.
 
     Attributes:
@@ -72,16 +69,8 @@ class ClickMapPredictor:
     """
 
     def __init__(self, segmenter: ClickMapSegmenter, params, name: str = ""):
-        self.segmenter = segmenter
-        self.params = params
-        self.name = name
+        super().__init__(segmenter, params, name)
         self._logits = compiled_grid_logits(segmenter)
-        self.reset_image()
-
-    @property
-    def config(self):
-        """The model's config."""
-        return self.segmenter.config
 
     def reset_image(self) -> None:
         """Forgets the image and the predictor state."""
@@ -93,11 +82,7 @@ class ClickMapPredictor:
 
     def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
         """Sets a uint8[H, W, 3] image ("RGB" or "BGR") and resets the predictor state."""
-        if image_format not in ("RGB", "BGR"):
-            raise ValueError(f"image_format must be 'RGB' or 'BGR'; got {image_format!r}")
-        image = np.asarray(image)
-        if image_format == "BGR":
-            image = np.ascontiguousarray(image[..., ::-1])
+        image = rgb_image(image, image_format)
         x, transform = self.segmenter.preprocess(image)
         self.reset_image()
         self.image, self.transform = x, transform
@@ -105,21 +90,13 @@ class ClickMapPredictor:
         self.state = IsegmState.initial(self.original_size)
         self.is_image_set = True
 
-    def predict(self, *args, **kwargs):
-        """Predicts one mask (see the module docstring); a 3-D first argument is the image."""
-        if args and np.ndim(args[0]) == 3:
-            if "image" in kwargs:
-                raise TypeError("image given both positionally and as image=")
-            kwargs["image"], args = args[0], args[1:]
-        return self._predict(*args, **kwargs)
-
     def _predict(self, point_coords=None, point_labels=None, box=None, mask_input=None,
                  multimask_output: bool = True, return_logits: bool = False, *,
                  image=None, options: IsegmOptions | None = None):
+        """Predicts one mask (see the module docstring)."""
         if image is not None:
             self.set_image(image)
-        if not self.is_image_set:
-            raise RuntimeError("An image must be set with .set_image(...) before mask prediction.")
+        self._require_image()
         if box is not None:
             raise ValueError(f"{self.name or 'this model'}: click-map models take clicks only; "
                              f"box prompts are not supported")
@@ -160,7 +137,7 @@ class ClickMapPredictor:
         if coords.shape[0] and not np.isin(labels, (0, 1)).all():
             raise ValueError(f"point_labels must be 0 or 1; got {np.unique(labels)}")
         n = coords.shape[0]
-        slots = _slots(n)
+        slots = prompt_slots(n)
         pts = np.zeros((slots, 2), np.float32)
         pts[:n] = coords
         lab = np.full((slots,), -1, np.int32)
@@ -176,10 +153,6 @@ class ClickMapPredictor:
             raise ValueError(f"mask_input must be the previous probability map, shape "
                              f"[1, {h}, {w}]; got {mask.shape}")
         return mask.reshape(h, w)
-
-    def __call__(self, image, **kwargs):
-        """``set_image(image)`` then ``predict(**kwargs)``."""
-        return self.predict(image=image, **kwargs)
 
 
 def options_threshold(options: IsegmOptions | None) -> float:

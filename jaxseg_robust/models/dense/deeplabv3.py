@@ -34,9 +34,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
 from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, ConfiguredDense, Params,
                                              check_images, normalise)
-from jaxseg_robust.models.dense.layers import conv2d, upsample_bilinear
+from jaxseg_robust.models.dense.layers import (atrous_branches, batch_norm, conv2d, conv_bn_relu,
+                                               upsample_bilinear)
 
 FAMILY = "deeplabv3"
 EXPANSION = 4
@@ -96,21 +98,12 @@ class DeepLabV3Config:
 
     def to_dict(self) -> dict:
         """JSON-representable dict."""
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()}
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DeepLabV3Config":
         """Inverse of `to_dict`; unknown keys raise ValueError."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown DeepLabV3Config field(s) {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-
-def _batch_norm(eps: float, name: str) -> nn.BatchNorm:
-    return nn.BatchNorm(use_running_average=True, epsilon=eps, name=name)
+        return dataclass_from_dict(cls, d, what="DeepLabV3 config")
 
 
 class Bottleneck(nn.Module):
@@ -126,16 +119,16 @@ class Bottleneck(nn.Module):
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         """f32[B, h, w, in] -> f32[B, h/stride, w/stride, 4 * planes]."""
         eps = self.bn_eps
-        out = nn.relu(_batch_norm(eps, "bn1")(
+        out = nn.relu(batch_norm(eps, "bn1")(
             conv2d(self.planes, 1, use_bias=False, name="conv1")(x)))
-        out = nn.relu(_batch_norm(eps, "bn2")(
+        out = nn.relu(batch_norm(eps, "bn2")(
             conv2d(self.planes, 3, stride=self.stride, dilation=self.dilation, use_bias=False,
                    name="conv2")(out)))
-        out = _batch_norm(eps, "bn3")(
+        out = batch_norm(eps, "bn3")(
             conv2d(self.planes * EXPANSION, 1, use_bias=False, name="conv3")(out))
         identity = x
         if self.downsample:
-            identity = _batch_norm(eps, "downsample_bn")(
+            identity = batch_norm(eps, "downsample_bn")(
                 conv2d(self.planes * EXPANSION, 1, stride=self.stride, use_bias=False,
                        name="downsample_conv")(x))
         return nn.relu(out + identity)
@@ -155,7 +148,7 @@ class DilatedResNet(nn.Module):
         cfg = self.config
         block_cls = nn.remat(Bottleneck) if cfg.remat_blocks else Bottleneck
         x = conv2d(cfg.width, 7, stride=2, use_bias=False, name="conv1")(x)
-        x = nn.relu(_batch_norm(cfg.bn_eps, "bn1")(x))
+        x = nn.relu(batch_norm(cfg.bn_eps, "bn1")(x))
         x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
         in_channels, dilation = cfg.width, 1
         outputs = []
@@ -188,18 +181,11 @@ class ASPP(nn.Module):
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         """f32[B, h, w, in] -> f32[B, h, w, channels]."""
         eps, c = self.bn_eps, self.channels
-        branches = [nn.relu(_batch_norm(eps, "branch0_bn")(
-            conv2d(c, 1, use_bias=False, name="branch0_conv")(x)))]
-        for i, rate in enumerate(self.rates, start=1):
-            branches.append(nn.relu(_batch_norm(eps, f"branch{i}_bn")(
-                conv2d(c, 3, dilation=rate, use_bias=False, name=f"branch{i}_conv")(x))))
-        pooled = jnp.mean(x, axis=(-3, -2), keepdims=True)
-        pooled = nn.relu(_batch_norm(eps, "pooling_bn")(
-            conv2d(c, 1, use_bias=False, name="pooling_conv")(pooled)))
+        branches = atrous_branches(x, c, self.rates, eps)
+        pooled = conv_bn_relu(jnp.mean(x, axis=(-3, -2), keepdims=True), c, 1, eps, prefix="pooling_")
         branches.append(jnp.broadcast_to(pooled, (*x.shape[:-1], c)))
         y = jnp.concatenate(branches, axis=-1)
-        return nn.relu(_batch_norm(eps, "project_bn")(
-            conv2d(c, 1, use_bias=False, name="project_conv")(y)))
+        return conv_bn_relu(y, c, 1, eps, prefix="project_")
 
 
 class DeepLabHead(nn.Module):
@@ -214,8 +200,7 @@ class DeepLabHead(nn.Module):
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         """f32[B, h, w, in] -> f32[B, h, w, num_classes] logits."""
         x = ASPP(self.channels, self.rates, self.bn_eps, name="aspp")(x)
-        x = nn.relu(_batch_norm(self.bn_eps, "bn")(
-            conv2d(self.channels, 3, use_bias=False, name="conv")(x)))
+        x = conv_bn_relu(x, self.channels, 3, self.bn_eps, prefix="")
         return conv2d(self.num_classes, 1, name="classifier")(x)
 
 
@@ -228,8 +213,7 @@ class FCNHead(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         """f32[B, h, w, in] -> f32[B, h, w, num_classes] logits."""
-        x = nn.relu(_batch_norm(self.bn_eps, "bn")(
-            conv2d(x.shape[-1] // 4, 3, use_bias=False, name="conv")(x)))
+        x = conv_bn_relu(x, x.shape[-1] // 4, 3, self.bn_eps, prefix="")
         return conv2d(self.num_classes, 1, name="classifier")(x)
 
 

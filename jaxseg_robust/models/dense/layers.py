@@ -13,6 +13,10 @@
   DeepLabv3 heads; taps of `jaxseg_robust.models.clickability.resize`).
 * `adaptive_avg_pool`: torch ``AdaptiveAvgPool2d(bins)`` (PSP pyramid bins,
   image pooling), as two averaging matrices.
+* `batch_norm`, `conv_bn_relu`: torch ``BatchNorm2d`` in eval mode, and the
+  ``Conv2d(bias=False)`` + ``BatchNorm2d`` + ``ReLU`` unit of the ResNet heads;
+  `atrous_branches`: the 1x1 and dilated 3x3 branches of DeepLabv3's ASPP
+  (torchvision's and DDC-AT's alike).
 """
 
 from __future__ import annotations
@@ -40,6 +44,30 @@ def conv2d(features: int, kernel: int, *, stride: int = 1, dilation: int = 1,
     return nn.Conv(features, (kernel, kernel), strides=(stride, stride),
                    padding=((pad, pad), (pad, pad)), kernel_dilation=(dilation, dilation),
                    use_bias=use_bias, name=name, conv_general_dilated=conv_general_dilated)
+
+
+def batch_norm(eps: float, name: str) -> nn.BatchNorm:
+    """torch ``BatchNorm2d`` in eval mode (running statistics), epsilon ``eps``."""
+    return nn.BatchNorm(use_running_average=True, epsilon=eps, name=name)
+
+
+def conv_bn_relu(x: jnp.ndarray, features: int, kernel: int, eps: float, *, prefix: str,
+                 dilation: int = 1) -> jnp.ndarray:
+    """ReLU(BN(conv(x))) of f32[B, h, w, in] -> f32[B, h, w, features]: a bias-free `conv2d`
+    (params ``{prefix}conv``) and an eval-mode `batch_norm` (``{prefix}bn``); call it inside
+    a compact module, whose submodules these become."""
+    y = conv2d(features, kernel, dilation=dilation, use_bias=False, name=f"{prefix}conv")(x)
+    return nn.relu(batch_norm(eps, f"{prefix}bn")(y))
+
+
+def atrous_branches(x: jnp.ndarray, channels: int, rates: tuple[int, ...], eps: float) -> list[jnp.ndarray]:
+    """ASPP's convolution branches of f32[B, h, w, in]: a 1x1 (params ``branch0_*``) and one
+    3x3 of dilation ``rates[i - 1]`` each (``branch{i}_*``), every one `conv_bn_relu` to
+    f32[B, h, w, channels]. The pooling branch differs between the ASPPs and is theirs."""
+    branches = [conv_bn_relu(x, channels, 1, eps, prefix="branch0_")]
+    for i, rate in enumerate(rates, start=1):
+        branches.append(conv_bn_relu(x, channels, 3, eps, prefix=f"branch{i}_", dilation=rate))
+    return branches
 
 
 def upsample_bilinear(x: jnp.ndarray, out_hw: tuple[int, int]) -> jnp.ndarray:

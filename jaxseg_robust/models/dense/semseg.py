@@ -49,10 +49,12 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax.numpy as jnp
 
+from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
 from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, ConfiguredDense, Params,
                                              check_images, network_variable_shapes, normalise)
 from jaxseg_robust.models.dense.deeplabv3 import EXPANSION, Bottleneck
-from jaxseg_robust.models.dense.layers import adaptive_avg_pool, conv2d, upsample_bilinear_aligned
+from jaxseg_robust.models.dense.layers import (adaptive_avg_pool, atrous_branches, batch_norm, conv2d,
+                                               conv_bn_relu, upsample_bilinear_aligned)
 
 FAMILY = "semseg"
 HEADS = ("psp", "aspp")
@@ -136,26 +138,17 @@ class SemsegConfig:
 
     def to_dict(self) -> dict:
         """JSON-representable dict."""
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()}
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SemsegConfig":
         """Inverse of `to_dict`; unknown keys raise ValueError."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown SemsegConfig field(s) {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        return dataclass_from_dict(cls, d, what="semseg config")
 
 
 def output_size(size: int, zoom_factor: int = ZOOM_FACTOR) -> int:
     """semseg's output size ``int((size - 1) / 8 * zoom + 1)``; equals ``size`` for zoom 8."""
     return int((size - 1) / 8 * zoom_factor + 1)
-
-
-def _bn(eps: float, name: str) -> nn.BatchNorm:
-    return nn.BatchNorm(use_running_average=True, epsilon=eps, name=name)
 
 
 class SemsegResNet(nn.Module):
@@ -174,7 +167,7 @@ class SemsegResNet(nn.Module):
         w = cfg.width
         for i, (features, stride) in enumerate(((w, 2), (w, 1), (2 * w, 1)), start=1):
             x = conv2d(features, 3, stride=stride, use_bias=False, name=f"stem_conv{i}")(x)
-            x = nn.relu(_bn(eps, f"stem_bn{i}")(x))
+            x = nn.relu(batch_norm(eps, f"stem_bn{i}")(x))
         x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
         block_cls = nn.remat(Bottleneck) if cfg.remat_blocks else Bottleneck
         in_channels, outputs = 2 * w, []
@@ -204,8 +197,7 @@ class PyramidPooling(nn.Module):
         reduction = x.shape[-1] // len(self.bins)
         out = [x]
         for b, size in enumerate(self.bins):
-            y = conv2d(reduction, 1, use_bias=False, name=f"bin{b}_conv")(adaptive_avg_pool(x, size))
-            y = nn.relu(_bn(self.bn_eps, f"bin{b}_bn")(y))
+            y = conv_bn_relu(adaptive_avg_pool(x, size), reduction, 1, self.bn_eps, prefix=f"bin{b}_")
             out.append(upsample_bilinear_aligned(y, x.shape[-3:-1]))
         return jnp.concatenate(out, axis=-1)
 
@@ -221,12 +213,8 @@ class AtrousPyramid(nn.Module):
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         """1x1, three dilated 3x3 and an image-pooling branch, each conv + BN + ReLU."""
         eps, c = self.bn_eps, self.channels
-        out = [nn.relu(_bn(eps, "branch0_bn")(conv2d(c, 1, use_bias=False, name="branch0_conv")(x)))]
-        for i, rate in enumerate(self.rates, start=1):
-            y = conv2d(c, 3, dilation=rate, use_bias=False, name=f"branch{i}_conv")(x)
-            out.append(nn.relu(_bn(eps, f"branch{i}_bn")(y)))
-        pooled = conv2d(c, 1, use_bias=False, name="pooling_conv")(adaptive_avg_pool(x, 1))
-        pooled = nn.relu(_bn(eps, "pooling_bn")(pooled))
+        out = atrous_branches(x, c, self.rates, eps)
+        pooled = conv_bn_relu(adaptive_avg_pool(x, 1), c, 1, eps, prefix="pooling_")
         out.append(upsample_bilinear_aligned(pooled, x.shape[-3:-1]))
         return jnp.concatenate(out, axis=-1)
 
@@ -242,8 +230,7 @@ class Classifier(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         """f32[B, h, w, in] -> f32[B, h, w, out]."""
-        x = conv2d(self.hidden, self.kernel, use_bias=False, name="conv")(x)
-        x = nn.relu(_bn(self.bn_eps, "bn")(x))
+        x = conv_bn_relu(x, self.hidden, self.kernel, self.bn_eps, prefix="")
         return conv2d(self.out, 1, name="classifier")(x)
 
 

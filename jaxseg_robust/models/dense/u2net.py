@@ -52,6 +52,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
 from jaxseg_robust.models.dense.base import (IMAGENET_MEAN, IMAGENET_STD, Params, binary_logits,
                                              check_images, normalise, random_variables)
 from jaxseg_robust.models.dense.layers import conv2d, max_pool_ceil, upsample_bilinear
@@ -158,22 +159,15 @@ class U2NetConfig:
                 s[6].out_channels, s[5].out_channels)
 
     def to_dict(self) -> dict:
-        """JSON-representable dict."""
-        d = dataclasses.asdict(self)
-        d["stages"] = [list(dataclasses.astuple(s)) for s in self.stages]
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        """JSON-representable dict (each stage an ``RSUSpec`` field list)."""
+        return {**config_to_dict(self), "stages": [list(dataclasses.astuple(s)) for s in self.stages]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "U2NetConfig":
         """Inverse of `to_dict`; unknown keys raise ValueError."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown U2NetConfig field(s) {unknown}")
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-        if "stages" in kw:
-            kw["stages"] = tuple(RSUSpec(*s) for s in d["stages"])
-        return cls(**kw)
+        if "stages" in d:
+            d = {**d, "stages": tuple(RSUSpec(*s) for s in d["stages"])}
+        return dataclass_from_dict(cls, d, what="U2-Net config")
 
 
 U2NETP = U2NetConfig()

@@ -42,9 +42,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
 from jaxseg_robust.models.dense.base import (ConfiguredDense, Params, check_images,
                                              network_variable_shapes, normalise)
-from jaxseg_robust.models.dense.layers import adaptive_avg_pool, conv2d, upsample_bilinear
+from jaxseg_robust.models.dense.layers import adaptive_avg_pool, conv2d, conv_bn_relu, upsample_bilinear
 from jaxseg_robust.ops.conv import conv_general_dilated
 
 FAMILY = "upernet"
@@ -112,17 +113,12 @@ class UperNetConfig:
 
     def to_dict(self) -> dict:
         """JSON-representable dict."""
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()}
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "UperNetConfig":
         """Inverse of `to_dict`; unknown keys raise ValueError."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown UperNetConfig field(s) {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        return dataclass_from_dict(cls, d, what="UPerNet config")
 
 
 def _layer_norm(name: str) -> nn.LayerNorm:
@@ -190,8 +186,7 @@ class ConvBNReLU(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         """f32[B, h, w, in] -> f32[B, h, w, features]."""
-        x = conv2d(self.features, self.kernel, use_bias=False, name="conv")(x)
-        return nn.relu(nn.BatchNorm(use_running_average=True, epsilon=self.bn_eps, name="bn")(x))
+        return conv_bn_relu(x, self.features, self.kernel, self.bn_eps, prefix="")
 
 
 class UperNetHead(nn.Module):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
+
 FAMILY = "ritm"
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,28 +64,14 @@ class RitmConfig:
         """Click-map channels: previous mask (optional), positive disks, negative disks."""
         return 3 if self.with_prev_mask else 2
 
-    @property
-    def pixel_mean(self) -> tuple[float, float, float]:
-        return IMAGENET_MEAN
-
-    @property
-    def pixel_std(self) -> tuple[float, float, float]:
-        return IMAGENET_STD
-
     def to_dict(self) -> dict:
         """JSON form (``config.json`` of a converted model)."""
-        out = dataclasses.asdict(self)
-        out.pop("family")
-        return out
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> RitmConfig:
         """Inverse of `to_dict`; unknown keys are an error naming them."""
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown RITM config key(s) {unknown}; known: {sorted(names)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, what="RITM config")
 
 
 HRNET18 = RitmConfig(width=18, ocr_width=64, variant="hrnet18")

@@ -29,7 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxseg_robust.models.clickmap.layers import BatchNorm2d, Conv2d, leaky_relu
+from jaxseg_robust.models.clickmap.layers import BatchNorm2d, Conv2d, imagenet_normalize, leaky_relu
 from jaxseg_robust.models.ritm.config import RitmConfig
 from jaxseg_robust.models.ritm.hrnet import hrnet_features, resize_to
 
@@ -214,9 +214,7 @@ class RitmNet(nn.Module):
     def __call__(self, image, coord_features):
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
-        mean = jnp.asarray(cfg.pixel_mean, jnp.float32)
-        std = jnp.asarray(cfg.pixel_std, jnp.float32)
-        x = ((image - mean) / std).astype(dtype)
+        x = imagenet_normalize(image).astype(dtype)
         maps = MapsTransform(cfg.coord_channels, cfg.use_leaky_relu,
                              name="maps_transform")(coord_features.astype(dtype))
         logits = FeatureExtractor(cfg, name="feature_extractor")(x, maps)

@@ -26,9 +26,20 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
+from jaxseg_robust.models.config_json import dataclass_from_dict
+
 PIXEL_MEAN = (123.675, 116.28, 103.53)
 PIXEL_STD = (58.395, 57.12, 57.375)
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def named_compute_dtype(name: str):
+    """The jnp dtype a config's ``compute_dtype`` names (a key of `COMPUTE_DTYPES`);
+    ValueError for any other name."""
+    if name not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}; got {name!r}")
+    return COMPUTE_DTYPES[name]
+
 
 _ENCODERS: dict[str, tuple[type, Callable[[Any, Any], Any]]] = {}
 
@@ -67,27 +78,6 @@ def build_image_encoder(kind: str, config: Any, dtype: Any):
         raise ValueError(f"encoder kind '{kind}' needs a {config_cls.__name__}, "
                          f"got {type(config).__name__}")
     return build(config, dtype)
-
-
-def _tuples(value: Any) -> Any:
-    """JSON lists -> tuples, recursively (dataclass fields are tuples)."""
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _tuples(v) for k, v in value.items()}
-    return value
-
-
-def dataclass_from_dict(cls: type, data: dict, *, what: str) -> Any:
-    """Builds dataclass ``cls`` from a JSON dict; unknown or missing fields are errors."""
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{what}: unknown field(s) {unknown} for {cls.__name__}")
-    try:
-        return cls(**{k: _tuples(v) for k, v in data.items()})
-    except TypeError as err:
-        raise ValueError(f"{what}: cannot build {cls.__name__}: {err}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,9 +130,7 @@ class SamConfig:
     compute_dtype: str = "float32"
 
     def __post_init__(self):
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}; "
-                             f"got {self.compute_dtype!r}")
+        named_compute_dtype(self.compute_dtype)  # refuses an unknown name
         if self.image_size % self.embedding_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of "
                              f"embedding_size {self.embedding_size}")
@@ -155,7 +143,7 @@ class SamConfig:
     @property
     def dtype(self):
         """The jnp dtype named by ``compute_dtype``."""
-        return COMPUTE_DTYPES[self.compute_dtype]
+        return named_compute_dtype(self.compute_dtype)
 
     def to_dict(self) -> dict:
         """JSON-representable dict (tuples become lists when serialised)."""

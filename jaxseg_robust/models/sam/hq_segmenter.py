@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jaxseg_robust.models.base import Prediction, Transform
 from jaxseg_robust.models.sam.config import SamHQConfig
 from jaxseg_robust.models.sam.mask_decoder_hq import MaskDecoderHQ, hq_select
-from jaxseg_robust.models.sam.segmenter import SamFeatures, SamSegmenter, _check_frame
+from jaxseg_robust.models.sam.segmenter import SamFeatures, SamSegmenter, _check_frame, check_image_embeddings
 from jaxseg_robust.prompts.types import Prompts
 
 
@@ -102,7 +102,7 @@ class SamHQSegmenter(SamSegmenter):
           (low_res f32[K + 1, 4E, 4E] logits: candidates 0..K-1 as SAM's, the
           HQ mask last; iou f32[K] predicted IoU of the SAM candidates).
         """
-        emb = self._check_image_embeddings(features)
+        emb = check_image_embeddings(features.image_embeddings, self.config)
         early = self._check_early_feature(features)
         sparse, valid, dense = self.encode_prompts(params, prompts, transform)
         return self.mask_decoder.apply({"params": params["mask_decoder"]}, emb,

@@ -264,19 +264,22 @@ class ViTAttention(nn.Module):
         return nn.Dense(self.dim, dtype=self.dtype, name="proj")(out)
 
 
-class MLPBlock(nn.Module):
-    """Linear -> exact GELU -> Linear (torch ``MLPBlock`` with ``nn.GELU``)."""
+class GeluMLP(nn.Module):
+    """Linear -> exact GELU -> Linear in ``dtype``: torch ``MLPBlock`` with ``nn.GELU`` (SAM's ViT,
+    params ``lin1``, ``lin2``), or ``MLP(num_layers=2, activation=nn.GELU)`` (SAM 2's Hiera,
+    ``layer_names=("layers_0", "layers_1")``)."""
 
     dim: int
     hidden_dim: int
     dtype: Any = jnp.float32
+    layer_names: tuple[str, str] = ("lin1", "lin2")
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         """f32[..., dim] -> f32[..., dim]."""
-        x = nn.Dense(self.hidden_dim, dtype=self.dtype, name="lin1")(x)
+        x = nn.Dense(self.hidden_dim, dtype=self.dtype, name=self.layer_names[0])(x)
         x = nn.gelu(x, approximate=False)
-        return nn.Dense(self.dim, dtype=self.dtype, name="lin2")(x)
+        return nn.Dense(self.dim, dtype=self.dtype, name=self.layer_names[1])(x)
 
 
 class ViTBlock(nn.Module):
@@ -310,7 +313,7 @@ class ViTBlock(nn.Module):
             y = attention(y)
         x = shortcut + y.astype(shortcut.dtype)
         y = layer_norm(self.norm_eps, name="norm2")(x).astype(self.dtype)
-        y = MLPBlock(self.dim, int(self.dim * self.mlp_ratio), dtype=self.dtype, name="mlp")(y)
+        y = GeluMLP(self.dim, int(self.dim * self.mlp_ratio), dtype=self.dtype, name="mlp")(y)
         return x + y.astype(x.dtype)
 
 

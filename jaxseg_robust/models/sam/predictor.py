@@ -29,16 +29,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from jaxseg_robust.models.image_predictor import ImagePredictor, prompt_slots, rgb_image
 from jaxseg_robust.models.sam.segmenter import SamFeatures, SamSegmenter
 from jaxseg_robust.prompts.types import make_prompts
 
 
-def _slots(n: int) -> int:
-    return 1 << max(0, int(np.ceil(np.log2(max(n, 1)))))
-
-
-class SamPredictor:
-    """Image-at-a-time SAM predictor (SamPredictor-compatible).
+class SamPredictor(ImagePredictor):
+    """Image-at-a-time SAM predictor (SamPredictor-compatible); ``config`` is a `SamConfig`.
 
     Attributes:
       segmenter: the `SamSegmenter` (static config).
@@ -47,18 +44,10 @@ class SamPredictor:
     """
 
     def __init__(self, segmenter: SamSegmenter, params, name: str = ""):
-        self.segmenter = segmenter
-        self.params = params
-        self.name = name
+        super().__init__(segmenter, params, name)
         self._embed = jax.jit(segmenter.embed)
         self._decode = jax.jit(segmenter.decode_low_res)
         self._upsample = jax.jit(segmenter.upsample)
-        self.reset_image()
-
-    @property
-    def config(self):
-        """The model's `SamConfig`."""
-        return self.segmenter.config
 
     def reset_image(self) -> None:
         """Forgets the current image."""
@@ -70,11 +59,7 @@ class SamPredictor:
 
     def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
         """Computes and caches the embedding of a uint8[H, W, 3] image ("RGB" or "BGR")."""
-        if image_format not in ("RGB", "BGR"):
-            raise ValueError(f"image_format must be 'RGB' or 'BGR'; got {image_format!r}")
-        image = np.asarray(image)
-        if image_format == "BGR":
-            image = np.ascontiguousarray(image[..., ::-1])
+        image = rgb_image(image, image_format)
         x, transform = self.segmenter.preprocess(image)
         self.reset_image()
         self.features = self._embed(self.params, x)
@@ -89,14 +74,10 @@ class SamPredictor:
             raise RuntimeError("An image must be set with .set_image(...) to get an embedding.")
         return np.asarray(self.features.image_embeddings).transpose(2, 0, 1)[None]
 
-    def predict(self, *args, **kwargs):
-        """Predicts masks for prompts on the current image, or on a given image.
-
-        Forms:
-          ``predict(point_coords=None, point_labels=None, box=None, mask_input=None,
-          multimask_output=True, return_logits=False)`` (as the reference), and
-          ``predict(image, **same)``: a 3-D first argument (or ``image=``) is
-          set with `set_image` first (point_coords are 2-D, [N, 2]).
+    def _predict(self, point_coords=None, point_labels=None, box=None, mask_input=None,
+                 multimask_output: bool = True, return_logits: bool = False, *, image=None):
+        """Predicts masks for prompts on the current image (``predict``'s forms are
+        `ImagePredictor.predict`'s: a 3-D first argument, or ``image=``, is set first).
 
         Args:
           point_coords: [N, 2] (x, y) original-image pixels, or None.
@@ -113,15 +94,6 @@ class SamPredictor:
         Raises:
           RuntimeError: no image set. ValueError: malformed prompts.
         """
-        if args and np.ndim(args[0]) == 3:
-            if "image" in kwargs:
-                raise TypeError("image given both positionally and as image=")
-            kwargs["image"], args = args[0], args[1:]
-        return self._predict(*args, **kwargs)
-
-    def _predict(self, point_coords=None, point_labels=None, box=None, mask_input=None,
-                 multimask_output: bool = True, return_logits: bool = False, *, image=None):
-        """`predict` with the reference's parameters (see there)."""
         return self._predict_with(point_coords, point_labels, box, mask_input, return_logits,
                                   image, dict(multimask_output=bool(multimask_output)))
 
@@ -130,8 +102,7 @@ class SamPredictor:
         """`predict`; ``select_options`` go to ``segmenter.select``."""
         if image is not None:
             self.set_image(image)
-        if not self.is_image_set:
-            raise RuntimeError("An image must be set with .set_image(...) before mask prediction.")
+        self._require_image()
         low = self.config.low_res_size
         if point_coords is not None:
             if point_labels is None:
@@ -150,17 +121,13 @@ class SamPredictor:
             mask_input = mask_input.reshape(low, low)
         n = 0 if point_coords is None else int(point_coords.shape[0])
         prompts = make_prompts(point_coords, point_labels, box, mask_input,
-                               num_slots=_slots(n), mask_shape=(low, low))
+                               num_slots=prompt_slots(n), mask_shape=(low, low))
         low_res, iou = self._decode(self.params, self.features, prompts, self.transform)
         low_res, iou, _ = self.segmenter.select(low_res, iou, **select_options)
         masks = np.asarray(self._upsample(low_res, self.transform))
         if not return_logits:
             masks = masks > 0.0
         return masks, np.asarray(iou), np.asarray(low_res)
-
-    def __call__(self, image, **kwargs):
-        """``set_image(image)`` then ``predict(**kwargs)``."""
-        return self.predict(image=image, **kwargs)
 
 
 class SamHQPredictor(SamPredictor):
@@ -175,7 +142,7 @@ class SamHQPredictor(SamPredictor):
     def _predict(self, point_coords=None, point_labels=None, box=None, mask_input=None,
                  multimask_output: bool = True, return_logits: bool = False,
                  hq_token_only: bool = False, *, image=None):
-        """`predict` with the reference's parameters (see `SamPredictor.predict`).
+        """`predict` with the reference's parameters (see `SamPredictor._predict`).
 
         Returns:
           (masks bool[1, H, W] or f32 logits, scores f32[1], low_res f32[1, 256, 256]).

@@ -260,45 +260,19 @@ class SamSegmenter(SegmenterBase):
           (low_res f32[K, 4E, 4E] logits, iou f32[K]); K = num_multimask_outputs + 1,
           candidate 0 is the single-mask output.
         """
-        emb = self._check_image_embeddings(features)
+        emb = check_image_embeddings(features.image_embeddings, self.config)
         sparse, valid, dense = self.encode_prompts(params, prompts, transform)
         return self.mask_decoder.apply({"params": params["mask_decoder"]}, emb,
                                        self.dense_pe(params), sparse, valid, dense)
 
-    def _check_image_embeddings(self, features: SamFeatures) -> jnp.ndarray:
-        """features.image_embeddings f32[E, E, C] of one image (ValueError otherwise)."""
-        emb = features.image_embeddings
-        cfg = self.config
-        if emb.shape != (cfg.embedding_size, cfg.embedding_size, cfg.prompt_embed_dim):
-            raise ValueError(f"features.image_embeddings must be [{cfg.embedding_size}, "
-                             f"{cfg.embedding_size}, {cfg.prompt_embed_dim}] for one image "
-                             f"(vmap over batches); got {emb.shape}")
-        return emb
-
     def encode_prompts(self, params, prompts: Prompts, transform: Transform):
-        """The prompt encoder on one prompt set (coordinates mapped to the model frame).
-
-        Args:
-          params: the model's param tree.
-          prompts: one `Prompts` (coordinates in original-image pixels,
-            mask_logits f32[4E, 4E]).
-          transform: the image's `Transform` (x * sx, y * sy; the prompt
-            encoder adds +0.5).
+        """The prompt encoder on one prompt set (`encode_prompt_set`).
 
         Returns:
           (sparse f32[N + 3, C], valid bool[N + 3], dense `LowRankDense` [E, E]).
         """
-        low = self.config.low_res_size
-        if prompts.mask_logits.shape != (low, low) or prompts.points.ndim != 2:
-            raise ValueError(f"prompts must be one prompt set with mask_logits [{low}, {low}] "
-                             f"(vmap over batches); got points {prompts.points.shape}, "
-                             f"mask_logits {prompts.mask_logits.shape}")
-        scale = jnp.asarray(transform.scale_xy, jnp.float32)
-        points = prompts.points * scale
-        box = (prompts.box.reshape(2, 2) * scale).reshape(4)
-        return self.prompt_encoder.apply(
-            {"params": params["prompt_encoder"]}, points, prompts.labels, box, prompts.has_box,
-            prompts.mask_logits, prompts.has_mask)
+        return encode_prompt_set(self.prompt_encoder, params["prompt_encoder"], prompts, transform,
+                                 self.config.low_res_size)
 
     def upsample(self, low_res: jnp.ndarray, transform: Transform) -> jnp.ndarray:
         """SAM's ``postprocess_masks``: f32[..., 4E, 4E] -> f32[..., Hf, Wf] in ``transform.frame_hw``.
@@ -367,6 +341,43 @@ class SamSegmenter(SegmenterBase):
             low_res, iou = low_res[1:], iou[1:]
             return low_res, iou, jnp.argmax(iou).astype(jnp.int32)
         return low_res[:1], iou[:1], jnp.zeros((), jnp.int32)
+
+
+def check_image_embeddings(image_embeddings: jnp.ndarray, config) -> jnp.ndarray:
+    """``image_embeddings`` if it is f32[E, E, C] of one image (E = ``config.embedding_size``,
+    C = ``config.prompt_embed_dim``; a SAM or SAM 2 config), else ValueError."""
+    e, c = config.embedding_size, config.prompt_embed_dim
+    if image_embeddings.shape != (e, e, c):
+        raise ValueError(f"features.image_embeddings must be [{e}, {e}, {c}] for one image "
+                         f"(vmap over batches); got {image_embeddings.shape}")
+    return image_embeddings
+
+
+def encode_prompt_set(prompt_encoder: PromptEncoder, encoder_params, prompts: Prompts,
+                      transform: Transform, low_res_size: int):
+    """SAM's prompt encoder on one prompt set, its coordinates mapped to the model frame.
+
+    Args:
+      prompt_encoder: the `PromptEncoder` module; ``encoder_params`` its param tree.
+      prompts: one `Prompts` (coordinates in original-image pixels, mask_logits
+        f32[low_res_size, low_res_size]).
+      transform: the image's `Transform` (x * sx, y * sy; the prompt encoder adds +0.5).
+      low_res_size: 4E, the side of the mask input.
+
+    Returns:
+      (sparse f32[N + 3, C], valid bool[N + 3], dense `LowRankDense` [E, E]): N point
+      slots, the padding point, the two box corners.
+    """
+    low = low_res_size
+    if prompts.mask_logits.shape != (low, low) or prompts.points.ndim != 2:
+        raise ValueError(f"prompts must be one prompt set with mask_logits [{low}, {low}] "
+                         f"(vmap over batches); got points {prompts.points.shape}, "
+                         f"mask_logits {prompts.mask_logits.shape}")
+    scale = jnp.asarray(transform.scale_xy, jnp.float32)
+    points = prompts.points * scale
+    box = (prompts.box.reshape(2, 2) * scale).reshape(4)
+    return prompt_encoder.apply({"params": encoder_params}, points, prompts.labels, box, prompts.has_box,
+                                prompts.mask_logits, prompts.has_mask)
 
 
 def _check_frame(transform: Transform) -> None:

@@ -20,11 +20,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
+from jaxseg_robust.models.config_json import dataclass_from_dict
+from jaxseg_robust.models.sam.config import COMPUTE_DTYPES, MaskDecoderConfig, named_compute_dtype
 
-from jaxseg_robust.models.sam.config import MaskDecoderConfig, dataclass_from_dict
-
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # torchvision ``Normalize`` of SAM2Transforms, on images scaled to [0, 1] (ImageNet statistics).
 PIXEL_MEAN = (0.485, 0.456, 0.406)
 PIXEL_STD = (0.229, 0.224, 0.225)
@@ -181,9 +179,7 @@ class Sam2Config:
     compute_dtype: str = "float32"
 
     def __post_init__(self):
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}; "
-                             f"got {self.compute_dtype!r}")
+        named_compute_dtype(self.compute_dtype)  # refuses an unknown name
         if self.version not in VERSIONS:
             raise ValueError(f"version must be one of {VERSIONS}; got {self.version!r}")
         stride = PATCH_STRIDE * 2 ** (NUM_STAGES - 1)
@@ -223,7 +219,7 @@ class Sam2Config:
     @property
     def dtype(self):
         """The jnp dtype named by ``compute_dtype``."""
-        return COMPUTE_DTYPES[self.compute_dtype]
+        return named_compute_dtype(self.compute_dtype)
 
     def to_dict(self) -> dict:
         """JSON-representable dict (tuples become lists when serialised)."""

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxseg_robust.models.sam.image_encoder import window_partition, window_unpartition
+from jaxseg_robust.models.sam.image_encoder import GeluMLP, window_partition, window_unpartition
 from jaxseg_robust.models.sam.layers import layer_norm
 from jaxseg_robust.models.sam2.config import (PATCH_KERNEL, PATCH_PADDING, PATCH_STRIDE,
                                               HieraBlockSpec, HieraConfig)
@@ -156,21 +156,6 @@ class MultiScaleAttention(nn.Module):
         return nn.Dense(self.dim_out, dtype=self.dtype, name="proj")(out)
 
 
-class HieraMLP(nn.Module):
-    """``MLP(dim, hidden, dim, num_layers=2, activation=nn.GELU)``; params ``layers_0``, ``layers_1``."""
-
-    dim: int
-    hidden_dim: int
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-        """f32[..., dim] -> f32[..., dim]."""
-        x = nn.Dense(self.hidden_dim, dtype=self.dtype, name="layers_0")(x)
-        x = nn.gelu(x, approximate=False)
-        return nn.Dense(self.dim, dtype=self.dtype, name="layers_1")(x)
-
-
 class HieraBlock(nn.Module):
     """``MultiScaleBlock``; params ``norm1``, ``attn``, ``norm2``, ``mlp``, ``proj`` (dim change)."""
 
@@ -200,8 +185,8 @@ class HieraBlock(nn.Module):
             y = window_unpartition(y, out_window, padded, (h, w))
         x = shortcut + y.astype(jnp.float32)
         y = layer_norm(NORM_EPS, name="norm2")(x).astype(self.dtype)
-        y = HieraMLP(spec.dim_out, int(spec.dim_out * self.mlp_ratio), dtype=self.dtype,
-                     name="mlp")(y)
+        y = GeluMLP(spec.dim_out, int(spec.dim_out * self.mlp_ratio), dtype=self.dtype,
+                    layer_names=("layers_0", "layers_1"), name="mlp")(y)
         return x + y.astype(jnp.float32)
 
 

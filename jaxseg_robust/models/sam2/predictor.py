@@ -32,7 +32,7 @@ class Sam2Predictor(SamPredictor):
     def _predict(self, point_coords=None, point_labels=None, box=None, mask_input=None,
                  multimask_output: bool = True, return_logits: bool = False,
                  normalize_coords: bool = True, *, image=None):
-        """`predict` with the official parameters (see `SamPredictor.predict`).
+        """`predict` with the official parameters (see `SamPredictor._predict`).
 
         Returns:
           (masks bool[C, H, W] or f32 logits, scores f32[C], low_res f32[C, 256, 256]

@@ -45,7 +45,7 @@ import numpy as np
 from jaxseg_robust.models.base import FamilyRules, Prediction, SegmenterBase, Transform
 from jaxseg_robust.models.sam.prompt_encoder import PromptEncoder
 from jaxseg_robust.models.sam.random_init import random_params
-from jaxseg_robust.models.sam.segmenter import make_transform
+from jaxseg_robust.models.sam.segmenter import check_image_embeddings, encode_prompt_set, make_transform
 from jaxseg_robust.models.sam2.config import Sam2Config
 from jaxseg_robust.models.sam2.image_encoder import Sam2ImageEncoder
 from jaxseg_robust.models.sam2.mask_decoder import Sam2MaskDecoder
@@ -275,29 +275,12 @@ class Sam2Segmenter(SegmenterBase):
           N point slots, the padding point (valid when any point or the box is
           given), the two box corners (labels 2 and 3).
         """
-        low = self.config.low_res_size
-        if prompts.mask_logits.shape != (low, low) or prompts.points.ndim != 2:
-            raise ValueError(f"prompts must be one prompt set with mask_logits [{low}, {low}] "
-                             f"(vmap over batches); got points {prompts.points.shape}, "
-                             f"mask_logits {prompts.mask_logits.shape}")
-        scale = jnp.asarray(transform.scale_xy, jnp.float32)
-        points = prompts.points * scale
-        box = (prompts.box.reshape(2, 2) * scale).reshape(4)
-        sparse, valid, dense = self.prompt_encoder.apply(
-            {"params": params["prompt_encoder"]}, points, prompts.labels, box, prompts.has_box,
-            prompts.mask_logits, prompts.has_mask)
+        sparse, valid, dense = encode_prompt_set(self.prompt_encoder, params["prompt_encoder"], prompts,
+                                                 transform, self.config.low_res_size)
         n = prompts.points.shape[0]
         has_points = jnp.any(prompts.labels != -1)
         valid = valid.at[n].set(has_points | jnp.asarray(prompts.has_box, bool))
         return sparse, valid, dense
-
-    def _check_image_embeddings(self, features: Sam2Features) -> jnp.ndarray:
-        emb = features.image_embeddings
-        e, c = self.config.embedding_size, self.config.prompt_embed_dim
-        if emb.shape != (e, e, c):
-            raise ValueError(f"features.image_embeddings must be [{e}, {e}, {c}] for one image "
-                             f"(vmap over batches); got {emb.shape}")
-        return emb
 
     def decode_heads(self, params, features: Sam2Features, prompts: Prompts,
                      transform: Transform):
@@ -307,7 +290,7 @@ class Sam2Segmenter(SegmenterBase):
           (low_res f32[K, 4E, 4E] unclamped logits (0 = single-mask output),
           iou f32[K], object_score_logit f32[1]).
         """
-        emb = self._check_image_embeddings(features)
+        emb = check_image_embeddings(features.image_embeddings, self.config)
         sparse, valid, dense = self.encode_prompts(params, prompts, transform)
         high = tuple(features.high_res_feats) if self.config.use_high_res_features else None
         return self.mask_decoder.apply({"params": params["mask_decoder"]}, emb,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxseg_robust.models.config_json import config_to_dict, dataclass_from_dict
+
 FAMILY = "simpleclick"
 CFR_ICL = "cfr_icl"  # the authors' predictor family of CFR-ICL weights
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 # The authors' ViT windows: 224 / patch tokens per window side at the pre-training size.
 PRETRAIN_WINDOW_PIXELS = 224
 
@@ -88,14 +88,6 @@ class SimpleClickConfig:
         """Click-map channels: previous mask (optional), positive disks, negative disks."""
         return 3 if self.with_prev_mask else 2
 
-    @property
-    def pixel_mean(self) -> tuple[float, float, float]:
-        return IMAGENET_MEAN
-
-    @property
-    def pixel_std(self) -> tuple[float, float, float]:
-        return IMAGENET_STD
-
     def input_grid(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Patch grid of an (h, w) input; ValueError if it does not fit the windowed ViT.
 
@@ -119,25 +111,17 @@ class SimpleClickConfig:
 
     def to_dict(self) -> dict:
         """JSON form (``config.json`` of a converted model)."""
-        out = dataclasses.asdict(self)
-        out.pop("family")
-        out["train_size"] = list(self.train_size)
-        out["neck_out_dims"] = list(self.neck_out_dims)
-        return out
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> SimpleClickConfig:
-        """Inverse of `to_dict`; unknown keys, or no ``cfr_icl`` (a conversion older than the key),
+        """Inverse of `to_dict`; no ``cfr_icl`` (a conversion older than the key), or unknown keys,
         are an error naming them."""
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown SimpleClick config key(s) {unknown}; known: {sorted(names)}")
         if "cfr_icl" not in data:
             raise ValueError("the SimpleClick config.json has no 'cfr_icl' key (converted before the port recorded "
                              "CFR-ICL weights): convert the checkpoint again with python -m ports simpleclick "
                              "(with --cfr-icl for CFR-ICL weights)")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, what="SimpleClick config")
 
 
 VIT_XT = SimpleClickConfig(embed_dim=160, depth=8, num_heads=4, neck_out_dims=(96, 192, 288, 384),

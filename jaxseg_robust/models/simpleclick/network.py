@@ -34,6 +34,7 @@ from jaxseg_robust.models.clickmap.layers import (
     ConvTranspose2d,
     GroupNorm1,
     gelu,
+    imagenet_normalize,
 )
 from jaxseg_robust.models.simpleclick.config import SimpleClickConfig
 from jaxseg_robust.models.simpleclick.vit import PatchEmbed, VisionTransformer
@@ -207,9 +208,7 @@ class SimpleClickNet(nn.Module):
     def __call__(self, image, coord_features):
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
-        mean = jnp.asarray(cfg.pixel_mean, jnp.float32)
-        std = jnp.asarray(cfg.pixel_std, jnp.float32)
-        x = ((image - mean) / std).astype(dtype)
+        x = imagenet_normalize(image).astype(dtype)
         coords = PatchEmbed(cfg.coord_channels, cfg.embed_dim, cfg.patch_size,
                             name="patch_embed_coords")(coord_features.astype(dtype))
         tokens = VisionTransformer(cfg, name="backbone")(x, coords)
