@@ -314,12 +314,14 @@ def _ground_truth_fields(ann: Mapping, images: dict, categories: dict) -> dict:
 
 
 def load_ground_truth(source) -> GroundTruth:
-    """Reads and checks a COCO / LVIS ground-truth file (path or dict).
+    """Reads and checks a COCO / LVIS ground-truth file (path or dict; a loaded GroundTruth is returned as is).
 
     Raises:
       CocoFormatError: naming the image, category or annotation at fault.
       ImportError: polygons without pycocotools (names the ``coco`` extra).
     """
+    if isinstance(source, GroundTruth):
+        return source
     dataset = read_json(source, "ground-truth file")
     if not isinstance(dataset, Mapping):
         raise CocoFormatError(f"ground truth must be a JSON object, got {type(dataset).__name__}")
@@ -371,7 +373,7 @@ def _check_result_ids(results: list, gt: GroundTruth) -> None:
                               f"{shown}{more}")
 
 
-def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
+def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None, area_field: bool = False,
                     warn: Callable[[str], None] = default_warn) -> tuple[dict, list[Detection]]:
     """Reads and checks a results file against the ground truth.
 
@@ -381,6 +383,8 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
       box_area: use ``bbox`` w*h as each detection's area (the official loaders
         do so when the first result has a ``bbox``); None = decide as they do
         (COCO: a non-empty ``bbox``; the caller passes LVIS' rule explicitly).
+      area_field: each result carries the area to use in its ``area`` field (results that
+        pycocotools' ``loadRes`` has already completed); overrides ``box_area``.
       warn: receives one message per silently skipped group (unknown categories).
 
     Returns:
@@ -401,7 +405,10 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
     runs, foreground = _named_runs([(r["segmentation"], *gt.images[r["image_id"]]) for r in results], labels)
     for index, result in enumerate(results):
         label = labels[index]
-        area = _box_area(result, label) if box_area else float(foreground[index])
+        if area_field:
+            area = _number(result.get("area"), f"{label} 'area'")
+        else:
+            area = _box_area(result, label) if box_area else float(foreground[index])
         detection = Detection(runs=runs[index], area=area, category_id=result["category_id"], label=label,
                               index=index, score=_number(result["score"], f"{label} 'score'"))
         every.append(detection)
