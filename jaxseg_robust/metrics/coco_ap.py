@@ -140,6 +140,29 @@ def piece_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return piece, np.arange(piece.size) - piece_starts(counts)[piece]
 
 
+def piece_elements(counts: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """int64 [sum counts[order]]: the elements of pieces of these sizes, taken piece by piece in ``order``."""
+    counts = np.asarray(counts, np.int64)
+    piece, within = piece_positions(counts[order])
+    return piece_starts(counts)[order][piece] + within
+
+
+def take_blocks(blocks: Blocks, order) -> Blocks:
+    """The blocks ``order`` (int [B'] block indices) of ``blocks``, in that order, with their elements."""
+    order = np.asarray(order, np.int64)
+    gt, dt = piece_elements(blocks.n_gt, order), piece_elements(blocks.n_dt, order)
+    pairs = piece_elements(blocks.n_dt * blocks.n_gt, order)
+    return Blocks(category=blocks.category[order], n_dt=blocks.n_dt[order], n_gt=blocks.n_gt[order],
+                  ious=blocks.ious[pairs], gt_area=blocks.gt_area[gt], gt_ignore=blocks.gt_ignore[gt],
+                  gt_crowd=blocks.gt_crowd[gt], dt_area=blocks.dt_area[dt], dt_score=blocks.dt_score[dt],
+                  dt_unpenalised=blocks.dt_unpenalised[order])
+
+
+def concatenate_blocks(tables: list) -> Blocks:
+    """The blocks of several tables one after the other (every field is in block order)."""
+    return Blocks(*(np.concatenate([getattr(table, field) for table in tables]) for field in Blocks._fields))
+
+
 def out_of_range(area, params: APParams) -> np.ndarray:
     """bool [A, n]: ``area`` [n] outside each area range (the reference's comparisons)."""
     area = np.asarray(area, np.float64)[None, :]
@@ -527,5 +550,7 @@ PER_CATEGORY_COLUMNS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
 __all__ = ["IOU_THRESHOLDS", "RECALL_THRESHOLDS", "AREA_RANGES", "AREA_LABELS", "COCO_SUMMARY_NAMES",
            "LVIS_SUMMARY_NAMES", "FREQUENCY_GROUPS", "PER_CATEGORY_COLUMNS", "APParams", "COCO_PARAMS",
-           "LVIS_PARAMS", "Blocks", "Matches", "Accumulated", "out_of_range", "match_blocks", "accumulate",
-           "summary_value", "coco_summary", "lvis_summary", "per_category_ap", "piece_starts", "piece_positions"]
+           "LVIS_PARAMS", "Blocks", "Matches", "Accumulated", "out_of_range", "take_blocks", "concatenate_blocks",
+           "match_blocks", "accumulate",
+           "summary_value", "coco_summary", "lvis_summary", "per_category_ap", "piece_starts", "piece_positions",
+           "piece_elements"]
