@@ -259,7 +259,8 @@ def _named_runs(items: list, labels: list) -> tuple[list, np.ndarray]:
 # ---- ground truth ----------------------------------------------------------------------------------
 
 def _number(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    numeric = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not numeric or not math.isfinite(value):
         raise CocoFormatError(f"{what} must be a finite number, got {value!r}")
     return float(value)
 
@@ -397,7 +398,7 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None, ar
     if not isinstance(results, list):
         raise CocoFormatError(f"results must be a JSON list of detections, got {type(results).__name__}")
     _check_result_ids(results, gt)
-    if box_area is None:
+    if box_area is None and not area_field:
         box_area = bool(results) and bool(results[0].get("bbox"))
     by_image: dict = {image_id: [] for image_id in gt.images}
     every, unknown = [], {}

@@ -55,16 +55,15 @@ def config_of(settings: dict) -> InstanceEvalConfig:
                               use_cats=settings["use_cats"], ap_params=params)
 
 
-def save_partial(path, evaluation: InstanceEvaluation, inputs: dict | None = None) -> pathlib.Path:
-    """Writes the scored blocks of ``evaluation`` to ``path`` (an ``.npz`` archive; the name is kept as given).
+def save_partial(path, scored: ScoredBlocks, config: InstanceEvalConfig, inputs: dict | None = None) -> pathlib.Path:
+    """Writes the scored blocks of a share of the images to ``path`` (an ``.npz`` archive; the name is kept).
 
     Args:
-      path: the file to write; evaluation: an evaluation of a share of the images
-        (`jaxseg_robust.evaluation.instances.evaluate_instances`).
+      path: the file to write; scored: the share's blocks (``InstanceEvaluation.blocks`` of
+        `jaxseg_robust.evaluation.instances.evaluate_instances`); config: its settings.
       inputs: what identifies the input files (e.g. their SHA-256); the merge refuses
         partials whose ``inputs`` differ.
     """
-    scored, config = evaluation.blocks, evaluation.config
     meta = {"format": PARTIAL_FORMAT, "settings": settings_record(config), "inputs": inputs or {},
             "images_of": list(config.images_of) if config.images_of else None,
             "scope": dataclasses.asdict(scored.scope), "keys": [list(key) for key in scored.keys],

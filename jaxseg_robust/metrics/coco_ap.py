@@ -30,6 +30,7 @@ AREA_LABELS = ("all", "small", "medium", "large")
 COCO_SUMMARY_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 LVIS_SUMMARY_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "APr", "APc", "APf", "AR", "ARs", "ARm", "ARl")
 FREQUENCY_GROUPS = ("r", "c", "f")
+COCO_AP_MAX_DETS = 100  # the max-dets value COCOeval's summary reads its first AP at, whatever params say
 
 
 @dataclasses.dataclass(frozen=True)
@@ -480,15 +481,17 @@ def summary_value(acc: Accumulated, kind: str, *, iou: float | None = None, area
 def coco_summary(acc: Accumulated, params: APParams = COCO_PARAMS) -> dict[str, float]:
     """The 12 numbers of ``COCOeval.summarize`` (segm / boundary), by their usual names.
 
-    As the reference, AP and the area-range ARs are read at the third max-dets
-    setting and AR1 / AR10 / AR100 at the first three (whatever their values),
-    so ``params.max_dets`` needs at least three entries.
+    As the reference: the first AP is read at the max-dets setting of value
+    100 (-1 without one: ``_summarize``'s default argument), the other APs and
+    the area-range ARs at the third setting, AR1 / AR10 / AR100 at the first
+    three (whatever their values), so ``params.max_dets`` needs three entries.
     """
     if len(params.max_dets) < 3:
         raise ValueError(f"the COCO summary reads three max-dets settings, got {params.max_dets}")
     third = 2
+    at_100 = [i for i, max_det in enumerate(params.max_dets) if max_det == COCO_AP_MAX_DETS]
     values = [
-        summary_value(acc, "ap", max_det_index=third, params=params),
+        summary_value(acc, "ap", max_det_index=at_100[0], params=params) if at_100 else -1.0,
         summary_value(acc, "ap", iou=0.5, max_det_index=third, params=params),
         summary_value(acc, "ap", iou=0.75, max_det_index=third, params=params),
         *(summary_value(acc, "ap", area=a, max_det_index=third, params=params) for a in ("small", "medium", "large")),
@@ -549,7 +552,7 @@ def per_category_ap(acc: Accumulated, params: APParams = COCO_PARAMS) -> np.ndar
 PER_CATEGORY_COLUMNS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
 __all__ = ["IOU_THRESHOLDS", "RECALL_THRESHOLDS", "AREA_RANGES", "AREA_LABELS", "COCO_SUMMARY_NAMES",
-           "LVIS_SUMMARY_NAMES", "FREQUENCY_GROUPS", "PER_CATEGORY_COLUMNS", "APParams", "COCO_PARAMS",
+           "LVIS_SUMMARY_NAMES", "FREQUENCY_GROUPS", "COCO_AP_MAX_DETS", "PER_CATEGORY_COLUMNS", "APParams", "COCO_PARAMS",
            "LVIS_PARAMS", "Blocks", "Matches", "Accumulated", "out_of_range", "take_blocks", "concatenate_blocks",
            "match_blocks", "accumulate",
            "summary_value", "coco_summary", "lvis_summary", "per_category_ap", "piece_starts", "piece_positions",
