@@ -89,14 +89,14 @@ _SUMMARY_SETTINGS = (  # (AP or AR, IoU, area label, index into maxDets; None: 1
 )
 
 
-def summary_lines(stats, params: Params) -> list[str]:
-    """The 12 lines ``COCOeval.summarize`` prints for ``stats`` (its IoU range and maxDets from ``params``)."""
+def summary_lines(stats, iou_thresholds, max_dets) -> list[str]:
+    """The 12 lines ``COCOeval.summarize`` prints for ``stats`` (its ``iouThrs`` range and ``maxDets``)."""
     lines = []
     for value, (ap, iou, area, max_det) in zip(stats, _SUMMARY_SETTINGS):
         title, kind = ("Average Precision", "(AP)") if ap else ("Average Recall", "(AR)")
-        iou_text = f"{params.iouThrs[0]:0.2f}:{params.iouThrs[-1]:0.2f}" if iou is None else f"{iou:0.2f}"
-        max_dets = coco_ap.COCO_AP_MAX_DETS if max_det is None else int(params.maxDets[max_det])
-        lines.append(SUMMARY_LINE.format(title, kind, iou_text, area, max_dets, value))
+        iou_text = f"{iou_thresholds[0]:0.2f}:{iou_thresholds[-1]:0.2f}" if iou is None else f"{iou:0.2f}"
+        shown = coco_ap.COCO_AP_MAX_DETS if max_det is None else int(max_dets[max_det])
+        lines.append(SUMMARY_LINE.format(title, kind, iou_text, area, shown, value))
     return lines
 
 
@@ -240,7 +240,7 @@ class COCOeval:
             raise RuntimeError("Please run accumulate() first")
         acc = coco_ap.Accumulated(self.eval["precision"], self.eval["recall"])
         self.stats = np.array(list(coco_ap.coco_summary(acc, self._ap_params).values()))
-        print("\n".join(summary_lines(self.stats, self._paramsEval)))
+        print("\n".join(summary_lines(self.stats, self._paramsEval.iouThrs, self._paramsEval.maxDets)))
 
     def save_partial(self, path, inputs: dict | None = None):
         """Saves this process's evaluated share (after :meth:`evaluate`) for :meth:`from_partials`."""
@@ -249,7 +249,9 @@ class COCOeval:
         return save_partial(path, self._scored, self._config(), inputs)
 
     def __str__(self) -> str:
-        return "\n".join(summary_lines(self.stats, self.params)) if len(self.stats) else "COCOeval (not summarized)"
+        if not len(self.stats):
+            return "COCOeval (not summarized)"
+        return "\n".join(summary_lines(self.stats, self._paramsEval.iouThrs, self._paramsEval.maxDets))
 
 
 __all__ = ["Params", "COCOeval", "SUMMARY_LINE", "summary_lines"]

@@ -90,6 +90,8 @@ def load_partial(path) -> Partial:
     path = pathlib.Path(path)
     if not path.is_file():
         raise CocoFormatError(f"partial file {path} does not exist")
+    if not zipfile.is_zipfile(path):
+        raise CocoFormatError(f"partial file {path} is not a partial evaluation (not an .npz archive)")
     try:
         with np.load(path, allow_pickle=False) as archive:
             meta = json.loads(str(archive["meta"]))
