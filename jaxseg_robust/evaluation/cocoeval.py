@@ -121,7 +121,8 @@ def _block_eval(scored: ScoredBlocks, matches: coco_ap.Matches, block: int, area
     return {"image_id": image_id, "category_id": category_id, "aRng": params.areaRng[area],
             "maxDet": params.maxDets[-1], "dtIds": list(dt_ids), "gtIds": [gt_ids[g] for g in gt_order],
             "dtMatches": dt_matches, "gtMatches": gt_matches, "dtScores": table.dt_score[dts].tolist(),
-            "gtIgnore": gt_ignore[gt_order], "dtIgnore": matches.dt_ignore[area, :, dts]}
+            "gtIgnore": np.array(gt_ignore[gt_order].tolist()),  # as the reference builds it (float when empty)
+            "dtIgnore": matches.dt_ignore[area, :, dts]}
 
 
 def _eval_images(scored: ScoredBlocks, matches: coco_ap.Matches, params: Params) -> list:
