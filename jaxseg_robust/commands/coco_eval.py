@@ -59,9 +59,9 @@ def register(subparsers) -> None:
                     "to the official evaluators; boundary pixel work batched on the JAX device, segm counts "
                     "from the run lengths.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gt", metavar="ANN.json", help="COCO / LVIS ground-truth annotations (required unless --merge)")
+    parser.add_argument("--gt", metavar="ANN.json", help="COCO / LVIS ground-truth annotations (default: none; required unless --merge)")
     parser.add_argument("--results", metavar="RES.json",
-                        help="detection results (RLE masks, scores; required unless --merge)")
+                        help="detection results (RLE masks, scores; default: none; required unless --merge)")
     parser.add_argument("--iou-type", choices=IOU_TYPES, default="segm", help="segm or boundary (default %(default)s)")
     parser.add_argument("--dataset", choices=DATASETS, default="coco",
                         help="coco (COCOeval) or lvis (LVISEval: federated, 300 per image, APr/APc/APf; "
@@ -86,11 +86,12 @@ def register(subparsers) -> None:
 def _add_setting_flags(parser) -> None:
     """COCOeval's params as flags, and the split / merge of an evaluation."""
     group = parser.add_argument_group("evaluation settings (COCOeval's params)")
-    group.add_argument("--image-ids", type=int, nargs="+", metavar="ID", help="evaluate only these images (imgIds)")
+    group.add_argument("--image-ids", type=int, nargs="+", metavar="ID", help="evaluate only these images (imgIds; default: every image of the ground truth)")
     group.add_argument("--category-ids", type=int, nargs="+", metavar="ID",
-                       help="evaluate only these categories (catIds)")
+                       help="evaluate only these categories (catIds; default: every category of the ground truth)")
     group.add_argument("--class-agnostic", action="store_true",
-                       help="match detections to ground truths of any category (useCats=0; coco only)")
+                       help="match detections to ground truths of any category (useCats=0; coco only; default: off, "
+                            "per category)")
     group.add_argument("--max-dets", type=int, nargs=3, metavar="N",
                        help="detections per image and category for AR1/AR10/AR100 (maxDets; default 1 10 100; "
                             "coco only: LVIS caps per image)")
@@ -101,10 +102,11 @@ def _add_setting_flags(parser) -> None:
                             "medium:1024:9216 large:9216:1e10)")
     split = parser.add_argument_group("several processes")
     split.add_argument("--images-of", metavar="K/N", help="evaluate the K-th of N interleaved shares of the images "
-                       "(sorted ids, every N-th from the K-th); needs --save-partial")
-    split.add_argument("--save-partial", metavar="FILE.npz", help="save this share's evaluation for --merge")
+                       "(sorted ids, every N-th from the K-th); needs --save-partial (default: all the images)")
+    split.add_argument("--save-partial", metavar="FILE.npz", help="save this share's evaluation for --merge (default: none, nothing saved)")
     split.add_argument("--merge", nargs="+", metavar="FILE.npz",
-                       help="merge the partial files of every share into the whole evaluation (no --gt/--results)")
+                       help="merge the partial files of every share into the whole evaluation (no --gt/--results; "
+                            "default: none, evaluate --gt and --results)")
 
 
 def parse_share(text: str) -> tuple[int, int]:
