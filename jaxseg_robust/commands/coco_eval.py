@@ -142,7 +142,7 @@ def _ap_params(args):
         raise ValueError("--max-dets is a COCO setting (LVIS caps detections per image)")
     changes = {}
     if args.max_dets:
-        changes["max_dets"] = tuple(args.max_dets)
+        changes["max_dets"] = tuple(sorted(args.max_dets))  # COCOeval.evaluate sorts them
     if args.iou_thresholds:
         changes["iou_thresholds"] = tuple(args.iou_thresholds)
     if args.area_ranges:

@@ -100,10 +100,12 @@ def summary_lines(stats, iou_thresholds, max_dets) -> list[str]:
     return lines
 
 
-def _block_eval(scored: ScoredBlocks, matches: coco_ap.Matches, block: int, area: int, params: Params) -> dict:
-    """pycocotools' ``evaluateImg`` result of one block and area range."""
+def _block_eval(scored: ScoredBlocks, matches: coco_ap.Matches, block: int, area: int, params: Params,
+                starts: tuple[np.ndarray, np.ndarray]) -> dict:
+    """pycocotools' ``evaluateImg`` result of one block and area range (``starts``: each block's first
+    ground truth and first detection)."""
     table = scored.table
-    gt_first, dt_first = (int(coco_ap.piece_starts(counts)[block]) for counts in (table.n_gt, table.n_dt))
+    gt_first, dt_first = int(starts[0][block]), int(starts[1][block])
     gts = slice(gt_first, gt_first + int(table.n_gt[block]))
     dts = slice(dt_first, dt_first + int(table.n_dt[block]))
     gt_ignore = matches.gt_ignore[area, gts].astype(int)
@@ -131,10 +133,11 @@ def _eval_images(scored: ScoredBlocks, matches: coco_ap.Matches, params: Params)
     images = {i: n for n, i in enumerate(scored.scope.image_ids)}
     n_area, n_image = len(params.areaRng), len(images)
     out = [None] * (len(categories) * n_area * n_image)
+    starts = (coco_ap.piece_starts(scored.table.n_gt), coco_ap.piece_starts(scored.table.n_dt))
     for block, (image_id, category_id) in enumerate(scored.keys):
         for area in range(n_area):
             out[(categories[category_id] * n_area + area) * n_image + images[image_id]] = (
-                _block_eval(scored, matches, block, area, params))
+                _block_eval(scored, matches, block, area, params, starts))
     return out
 
 
@@ -216,9 +219,19 @@ class COCOeval:
         return score_blocks(prepared, count_pairs(prepared.works, config.count_settings), config)
 
     def evaluate(self) -> None:
-        """Per-image evaluation of ``params``' images and categories: fills ``evalImgs`` and ``ious``."""
+        """Per-image evaluation of ``params``' images and categories: fills ``evalImgs`` and ``ious``.
+
+        As the reference, first sorts ``params.imgIds`` (unique), ``catIds`` (unique, per-category
+        evaluations) and ``maxDets``.
+        """
+        p = self.params
+        p.imgIds = list(np.unique(p.imgIds))
+        if p.useCats:
+            p.catIds = list(np.unique(p.catIds))
+        p.maxDets = sorted(p.maxDets)
         config = self._config()
         self._paramsEval = copy.deepcopy(self.params)
+        self._evaluated_config = config
         self._scored = self._score(config)
         self._matches = coco_ap.match_blocks(self._scored.table, config.params, with_partners=True)
         self._ap_params = config.params
@@ -247,7 +260,7 @@ class COCOeval:
         """Saves this process's evaluated share (after :meth:`evaluate`) for :meth:`from_partials`."""
         if self._scored is None:
             raise RuntimeError("Please run evaluate() first")
-        return save_partial(path, self._scored, self._config(), inputs)
+        return save_partial(path, self._scored, self._evaluated_config, inputs)
 
     def __str__(self) -> str:
         if not len(self.stats):

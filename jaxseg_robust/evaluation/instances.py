@@ -127,8 +127,11 @@ class Scope:
     frequency_groups: list
 
 
-def _chosen(wanted, known: list, what: str) -> list:
-    """The sorted unique ``wanted`` ids (all ``known`` when None); unknown ones raise CocoFormatError."""
+def _chosen(wanted, known: list, what: str, *, in_given_order: bool = False) -> list:
+    """The ``known`` ids that are ``wanted`` (all when None): sorted, or unique in the given order.
+
+    Unknown ones raise CocoFormatError; the ids returned are the ground truth's own objects.
+    """
     if wanted is None:
         return list(known)
     known_set = set(known)
@@ -136,15 +139,19 @@ def _chosen(wanted, known: list, what: str) -> list:
     if missing:
         raise CocoFormatError(f"{what}: {missing[0]!r} is not in the ground truth"
                               + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    return sorted(set(wanted))
+    own = {item: item for item in known}
+    if in_given_order:
+        return list(dict.fromkeys(own[item] for item in wanted))
+    wanted_set = set(wanted)
+    return [item for item in known if item in wanted_set]
 
 
 def evaluation_scope(gt: GroundTruth, config: InstanceEvalConfig) -> Scope:
     """The images and categories ``config`` evaluates of ``gt`` (CocoFormatError on an unknown id)."""
     selected = _chosen(config.image_ids, gt.image_ids, "image_ids")
     images = selected if config.images_of is None else selected[config.images_of[0] - 1::config.images_of[1]]
-    members = _chosen(config.category_ids, gt.category_ids, "category_ids")
-    if not config.use_cats:
+    members = _chosen(config.category_ids, gt.category_ids, "category_ids", in_given_order=not config.use_cats)
+    if not config.use_cats:  # COCOeval gathers an image's items in the order of its catIds
         return Scope(images, selected, [AGNOSTIC_CATEGORY], members, ["all categories"], [[], [], []])
     names = [str(gt.categories[category_id].get("name", category_id)) for category_id in members]
     return Scope(images, selected, members, members, names, _frequency_groups(gt, members))
@@ -234,7 +241,8 @@ def _in_scope(blocks: dict, scope: Scope) -> dict:
     """The (image, category) -> items entries of ``scope``'s images and member categories.
 
     Category-agnostic scopes gather an image's items under ``(image, -1)`` in
-    category order, file order within a category (COCOeval's ``useCats=0``).
+    the order of ``scope.member_ids`` (COCOeval's ``catIds`` as given), file order within a category
+    (COCOeval's ``useCats=0``).
     """
     images, members = set(scope.image_ids), {category_id: k for k, category_id in enumerate(scope.member_ids)}
     kept = {key: items for key, items in blocks.items() if key[0] in images and key[1] in members}
