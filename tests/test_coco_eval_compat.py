@@ -161,6 +161,23 @@ def test_cocoeval_takes_the_projects_files_without_coco_objects(tmp_path, toy, c
         assert_eval_images_equal(ours.evalImgs, reference.evalImgs)
 
 
+def test_cocoeval_uses_the_areas_loadres_gives_box_results(toy):
+    gt, results = toy
+    boxed = [dict(r, bbox=[0.0, 0.0, 3.0, 4.0 + i % 50]) for i, r in enumerate(results)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_gt = COCO()
+        coco_gt.dataset = copy.deepcopy(gt)
+        coco_gt.createIndex()
+        coco_dt = coco_gt.loadRes(copy.deepcopy(boxed))
+    reference, reference_text = _reference((coco_gt, coco_dt), {})
+    ours = COCOeval(coco_gt, coco_dt, "segm")
+    assert _run(ours) == reference_text
+    assert_same_evaluation(ours, reference)
+    plain = COCOeval(coco_gt, coco_gt.loadRes(copy.deepcopy(results)), "segm")
+    _run(plain)
+    assert plain.stats.tolist() != ours.stats.tolist()  # box areas move detections between area ranges
+
+
 def test_cocoeval_refuses_iou_types_it_does_not_provide(coco_pair):
     with pytest.raises(ValueError, match="'bbox' is not provided"):
         COCOeval(*coco_pair, iouType="bbox")
@@ -177,6 +194,7 @@ def test_unknown_subset_ids_are_named(toy):
 # ---- split evaluations --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("settings", [{"iou_type": "segm"}, {"iou_type": "boundary"},
+                                      {"dataset": "lvis", "iou_type": "boundary", "category_ids": (1, 5)},
                                       {"use_cats": False, "category_ids": (2, 5)},
                                       {"image_ids": (1, 2, 3, 5, 8, 9, 10), "ap_params": coco_ap.APParams(
                                           max_dets=(1, 5, 100), iou_thresholds=(0.5, 0.6))}])

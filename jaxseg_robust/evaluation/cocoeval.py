@@ -191,6 +191,9 @@ class COCOeval:
         are those the partials were evaluated with.
         """
         scored, config = merge_partials(paths)
+        if config.dataset != "coco":
+            raise ValueError(f"COCOeval merges COCO evaluations; these partials are {config.dataset!r} ones "
+                             "(merge them with jaxseg_robust.evaluation.partials.evaluate_partials)")
         evaluator = cls(iouType=config.iou_type, dilation_ratio=config.dilation_ratio)
         ap_params = config.params
         params = evaluator.params
