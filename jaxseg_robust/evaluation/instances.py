@@ -7,6 +7,11 @@ selection, same matching and accumulation, the same 12 (COCO) or 13 (LVIS)
 summary numbers. The pixel work (areas, boundary bands, intersections) runs
 batched on the JAX device (`jaxseg_robust.evaluation.mask_counts`); the
 matching and accumulation are vectorised NumPy (`jaxseg_robust.metrics.coco_ap`).
+COCOeval's settings (image / category subsets, ``useCats=0``, max-dets, IoU
+and recall thresholds, area ranges) are ``InstanceEvalConfig`` fields. The
+stages: :func:`prepare_instances`, ``count_pairs``, :func:`score_blocks` (the
+per-block similarities, what a share of a split evaluation saves:
+`jaxseg_robust.evaluation.partials`), :func:`summarise_blocks`.
 """
 
 from __future__ import annotations
