@@ -298,6 +298,22 @@ def test_coco_eval_split_and_merge_equal_the_whole(tmp_path, toy, capsys):
     assert len(err) == 1 and "unevaluated" in err[0]
 
 
+def test_coco_eval_writes_pycocotools_eval_images(tmp_path, toy, coco_pair, capsys):
+    settings = {"imgIds": [2, 3, 4, 5, 7], "useCats": 0}
+    reference, _ = _reference(coco_pair, settings)
+    out = tmp_path / "out" / "eval_images.json"
+    flags = ["--image-ids", "2", "3", "4", "5", "7", "--class-agnostic", "--eval-images", str(out)]
+    assert cli.main(["coco-eval"] + _files(tmp_path, toy) + flags) == 0
+    written = json.loads(out.read_text())
+    expected = [{key: np.asarray(value).tolist() if isinstance(value, np.ndarray) else
+                 [int(v) for v in value] if key in ("dtIds", "gtIds") else value for key, value in entry.items()}
+                for entry in reference.evalImgs if entry is not None]
+    for entry in expected:
+        entry["image_id"] = int(entry["image_id"])
+    assert len(written) == len(expected) > 10 and written == expected
+    assert f"wrote {len(expected)} evalImgs entries" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--images-of", "2/3"], "add --save-partial"),
     (["--images-of", "4/3", "--save-partial", "x.npz"], "1 <= K <= N"),
@@ -307,6 +323,7 @@ def test_coco_eval_split_and_merge_equal_the_whole(tmp_path, toy, capsys):
     (["--dataset", "lvis", "--class-agnostic"], "use_cats=False"),
     (["--image-ids", "77"], "image_ids: 77"),
     (["--merge", "p.npz"], "--merge reads only the partial files"),
+    (["--dataset", "lvis", "--eval-images", "e.json"], "an lvis evaluation has none"),
 ])
 def test_coco_eval_bad_settings_are_one_line_exit_2(tmp_path, toy, capsys, flags, message):
     assert cli.main(["coco-eval"] + _files(tmp_path, toy) + flags) == 2

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import pathlib
 import sys
 
 from jaxseg_robust.commands.flags import DEVICE_EPILOG
 from jaxseg_robust.commands.running import report_error, report_warning
 from jaxseg_robust.data.coco_instances import COCO_EXTRA_HINT, CocoFormatError
 from jaxseg_robust.exit_codes import EXIT_FAILURE, EXIT_OK
+from jaxseg_robust.evaluation.cocoeval import eval_images_json
 from jaxseg_robust.evaluation.instances import DATASETS, IOU_TYPES, InstanceEvalConfig, evaluate_instances
 from jaxseg_robust.evaluation.mask_counts import MASK_PATHS, device_summary, uses_runs
 from jaxseg_robust.evaluation.partials import evaluate_partials, save_partial
@@ -100,6 +103,9 @@ def _add_setting_flags(parser) -> None:
     group.add_argument("--area-ranges", nargs="+", metavar="LABEL:LOW:HIGH",
                        help="object-area ranges in pixels (areaRng / areaRngLbl; default all:0:1e10 small:0:1024 "
                             "medium:1024:9216 large:9216:1e10)")
+    group.add_argument("--eval-images", metavar="FILE.json",
+                       help="write COCOeval's evalImgs (per image, category and area range; the non-empty ones) "
+                            "as JSON (coco only; default: none)")
     split = parser.add_argument_group("several processes")
     split.add_argument("--images-of", metavar="K/N", help="evaluate the K-th of N interleaved shares of the images "
                        "(sorted ids, every N-th from the K-th); needs --save-partial (default: all the images)")
@@ -184,6 +190,12 @@ def _check_inputs(args) -> None:
         check_writable_file(args.save_partial, "--save-partial file")
     if args.out:
         check_writable_file(args.out, "--out file")
+    if args.eval_images:
+        if args.images_of:
+            raise ValueError("--eval-images with --images-of: write the evalImgs with --merge")
+        if args.dataset == "lvis":
+            raise ValueError("--eval-images writes COCOeval's evalImgs; an lvis evaluation has none")
+        check_writable_file(args.eval_images, "--eval-images file")
 
 
 def _evaluate(args, config: InstanceEvalConfig):
@@ -223,4 +235,17 @@ def run(args) -> int:
         title = f"{'Boundary AP' if iou_type == 'boundary' else 'Mask AP'} ({dataset})"
         paths = write_outputs(args.out, title, result.summary, result.per_category, PER_CATEGORY_COLUMNS)
         print(f"wrote {', '.join(map(str, paths))}", file=sys.stderr)
+    return _write_eval_images(args.eval_images, result) if args.eval_images else EXIT_OK
+
+
+def _write_eval_images(path, result) -> int:
+    """Writes the evaluation's evalImgs as JSON to ``path``; returns the exit code."""
+    try:
+        entries = eval_images_json(result)
+    except ValueError as error:
+        return _error(f"--eval-images: {error}")
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries), encoding="utf-8")
+    print(f"wrote {len(entries)} evalImgs entries to {path}", file=sys.stderr)
     return EXIT_OK

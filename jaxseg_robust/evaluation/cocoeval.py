@@ -26,6 +26,7 @@ import numpy as np
 from jaxseg_robust.evaluation.instances import (
     IOU_TYPES,
     InstanceEvalConfig,
+    InstanceEvaluation,
     ScoredBlocks,
     prepare_instances,
     score_blocks,
@@ -57,6 +58,17 @@ class Params:
         self.areaRngLbl = list(coco_ap.AREA_LABELS)
         self.useCats = 1
         self.iouType = iouType
+
+    @classmethod
+    def of(cls, config: InstanceEvalConfig, scope) -> Params:
+        """The params of an evaluation's settings and scope (``instances.Scope``)."""
+        ap_params, params = config.params, cls(config.iou_type)
+        params.imgIds, params.catIds = list(scope.image_ids), list(scope.member_ids)
+        params.iouThrs, params.recThrs = ap_params.ious, ap_params.recalls
+        params.maxDets, params.useCats = list(ap_params.max_dets), int(config.use_cats)
+        params.areaRng = [list(pair) for pair in ap_params.area_ranges]
+        params.areaRngLbl = list(ap_params.area_labels)
+        return params
 
     def ap_params(self) -> coco_ap.APParams:
         """These settings as ``coco_ap.APParams`` (ValueError on unusable ones)."""
@@ -141,6 +153,29 @@ def _eval_images(scored: ScoredBlocks, matches: coco_ap.Matches, params: Params)
     return out
 
 
+def _json_ready(value):
+    """A value of an evalImgs entry as JSON holds it (arrays as nested lists, NumPy scalars as numbers)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    if isinstance(value, list):
+        return [_json_ready(item) for item in value]
+    return value
+
+
+def eval_images_json(evaluation: InstanceEvaluation) -> list[dict]:
+    """The ``evalImgs`` of a COCO evaluation (e.g. merged partials) as JSON-ready dicts, empty blocks left out.
+
+    The matching is redone with each detection's partner (``coco_ap.match_blocks``); the entries are
+    :class:`COCOeval`'s, in its order, arrays as nested lists.
+    """
+    config, scored = evaluation.config, evaluation.blocks
+    if config.dataset != "coco":
+        raise ValueError(f"evalImgs are COCOeval's; a {config.dataset!r} evaluation has none")
+    matches = coco_ap.match_blocks(scored.table, config.params, with_partners=True)
+    entries = _eval_images(scored, matches, Params.of(config, scored.scope))
+    return [{key: _json_ready(value) for key, value in entry.items()} for entry in entries if entry is not None]
+
+
 def _block_ious(scored: ScoredBlocks) -> dict:
     """``ious``: (image id, category id) -> float64 [D, G] similarities (detections by score, capped)."""
     table = scored.table
@@ -195,13 +230,7 @@ class COCOeval:
             raise ValueError(f"COCOeval merges COCO evaluations; these partials are {config.dataset!r} ones "
                              "(merge them with jaxseg_robust.evaluation.partials.evaluate_partials)")
         evaluator = cls(iouType=config.iou_type, dilation_ratio=config.dilation_ratio)
-        ap_params = config.params
-        params = evaluator.params
-        params.imgIds, params.catIds = list(scored.scope.image_ids), list(scored.scope.member_ids)
-        params.iouThrs, params.recThrs = ap_params.ious, ap_params.recalls
-        params.maxDets, params.useCats = list(ap_params.max_dets), int(config.use_cats)
-        params.areaRng = [list(pair) for pair in ap_params.area_ranges]
-        params.areaRngLbl = list(ap_params.area_labels)
+        evaluator.params = Params.of(config, scored.scope)
         evaluator._merged = scored
         return evaluator
 
@@ -271,4 +300,4 @@ class COCOeval:
         return "\n".join(summary_lines(self.stats, self._paramsEval.iouThrs, self._paramsEval.maxDets))
 
 
-__all__ = ["Params", "COCOeval", "SUMMARY_LINE", "summary_lines"]
+__all__ = ["Params", "COCOeval", "SUMMARY_LINE", "summary_lines", "eval_images_json"]
