@@ -180,8 +180,8 @@ def _last_best(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return index, np.isfinite(best[..., 0])
 
 
-def _match_group(ious: np.ndarray, crowd: np.ndarray, ignore: np.ndarray,
-                 thresholds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _match_group(ious: np.ndarray, crowd: np.ndarray, ignore: np.ndarray, thresholds: np.ndarray,
+                 with_partners: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Greedy matching of a group of padded blocks, all area ranges and thresholds at once.
 
     For each detection in rank order and each (area range, threshold): among
@@ -193,11 +193,11 @@ def _match_group(ious: np.ndarray, crowd: np.ndarray, ignore: np.ndarray,
     Args:
       ious: float64 [B, D, G], ``-inf`` for padding.
       crowd: bool [B, G]; ignore: bool [B, A, G] (area range or ignore flag).
-      thresholds: float64 [T] the IoU thresholds.
+      thresholds: float64 [T] the IoU thresholds; with_partners: also record the partners.
 
     Returns:
       (matched bool [B, A, T, D], matched to an ignored ground truth bool [B, A, T, D],
-      the matched ground truth's index int32 [B, A, T, D], -1 for none).
+      the matched ground truth's index int32 [B, A, T, D], -1 for none, or None without ``with_partners``).
     """
     batch, n_dt, n_gt = ious.shape
     n_area, n_thr = ignore.shape[1], thresholds.size
@@ -205,7 +205,7 @@ def _match_group(ious: np.ndarray, crowd: np.ndarray, ignore: np.ndarray,
     taken = np.zeros((batch, n_area, n_thr, n_gt), bool)
     matched = np.zeros((batch, n_area, n_thr, n_dt), bool)
     on_ignored = np.zeros_like(matched)
-    partner = np.full(matched.shape, -1, np.int32)
+    partner = np.full(matched.shape, -1, np.int32) if with_partners else None
     ignore4 = ignore[:, :, None, :]
     free_crowd = crowd[:, None, None, :]
     flat = np.arange(batch * n_area * n_thr)
@@ -217,7 +217,8 @@ def _match_group(ious: np.ndarray, crowd: np.ndarray, ignore: np.ndarray,
         pick, found = _last_best(np.where(candidate & kind, iou, -np.inf))
         matched[..., d] = found
         on_ignored[..., d] = found & ~regular_ok
-        partner[..., d] = np.where(found, pick, -1)
+        if with_partners:
+            partner[..., d] = np.where(found, pick, -1)
         taken.reshape(-1, n_gt)[flat, pick.reshape(-1)] |= found.reshape(-1)
     return matched, on_ignored, partner
 
@@ -244,7 +245,7 @@ def _match_padded(blocks: Blocks, members: np.ndarray, shape: tuple[int, int], g
     crowd[row, g] = blocks.gt_crowd[gt_first[row] + g]
     ignore[row, :, g] = gt_ignore[:, gt_first[row] + g].T
     row, d = piece_positions(n_dt)
-    for target, values in zip(out, _match_group(ious, crowd, ignore, thresholds)):
+    for target, values in zip(out, _match_group(ious, crowd, ignore, thresholds, out[2] is not None)):
         if target is not None:
             target[:, :, dt_first[row] + d] = values[row, :, :, d].transpose(1, 2, 0)
 
