@@ -259,7 +259,8 @@ def _named_runs(items: list, labels: list) -> tuple[list, np.ndarray]:
 # ---- ground truth ----------------------------------------------------------------------------------
 
 def _number(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    numeric = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not numeric or not math.isfinite(value):
         raise CocoFormatError(f"{what} must be a finite number, got {value!r}")
     return float(value)
 
@@ -314,12 +315,14 @@ def _ground_truth_fields(ann: Mapping, images: dict, categories: dict) -> dict:
 
 
 def load_ground_truth(source) -> GroundTruth:
-    """Reads and checks a COCO / LVIS ground-truth file (path or dict).
+    """Reads and checks a COCO / LVIS ground-truth file (path or dict; a loaded GroundTruth is returned as is).
 
     Raises:
       CocoFormatError: naming the image, category or annotation at fault.
       ImportError: polygons without pycocotools (names the ``coco`` extra).
     """
+    if isinstance(source, GroundTruth):
+        return source
     dataset = read_json(source, "ground-truth file")
     if not isinstance(dataset, Mapping):
         raise CocoFormatError(f"ground truth must be a JSON object, got {type(dataset).__name__}")
@@ -371,7 +374,7 @@ def _check_result_ids(results: list, gt: GroundTruth) -> None:
                               f"{shown}{more}")
 
 
-def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
+def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None, area_field: bool = False,
                     warn: Callable[[str], None] = default_warn) -> tuple[dict, list[Detection]]:
     """Reads and checks a results file against the ground truth.
 
@@ -381,6 +384,8 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
       box_area: use ``bbox`` w*h as each detection's area (the official loaders
         do so when the first result has a ``bbox``); None = decide as they do
         (COCO: a non-empty ``bbox``; the caller passes LVIS' rule explicitly).
+      area_field: each result carries the area to use in its ``area`` field (results that
+        pycocotools' ``loadRes`` has already completed); overrides ``box_area``.
       warn: receives one message per silently skipped group (unknown categories).
 
     Returns:
@@ -393,7 +398,7 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
     if not isinstance(results, list):
         raise CocoFormatError(f"results must be a JSON list of detections, got {type(results).__name__}")
     _check_result_ids(results, gt)
-    if box_area is None:
+    if box_area is None and not area_field:
         box_area = bool(results) and bool(results[0].get("bbox"))
     by_image: dict = {image_id: [] for image_id in gt.images}
     every, unknown = [], {}
@@ -401,7 +406,10 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None,
     runs, foreground = _named_runs([(r["segmentation"], *gt.images[r["image_id"]]) for r in results], labels)
     for index, result in enumerate(results):
         label = labels[index]
-        area = _box_area(result, label) if box_area else float(foreground[index])
+        if area_field:
+            area = _number(result.get("area"), f"{label} 'area'")
+        else:
+            area = _box_area(result, label) if box_area else float(foreground[index])
         detection = Detection(runs=runs[index], area=area, category_id=result["category_id"], label=label,
                               index=index, score=_number(result["score"], f"{label} 'score'"))
         every.append(detection)

@@ -7,6 +7,11 @@ selection, same matching and accumulation, the same 12 (COCO) or 13 (LVIS)
 summary numbers. The pixel work (areas, boundary bands, intersections) runs
 batched on the JAX device (`jaxseg_robust.evaluation.mask_counts`); the
 matching and accumulation are vectorised NumPy (`jaxseg_robust.metrics.coco_ap`).
+COCOeval's settings (image / category subsets, ``useCats=0``, max-dets, IoU
+and recall thresholds, area ranges) are ``InstanceEvalConfig`` fields. The
+stages: :func:`prepare_instances`, ``count_pairs``, :func:`score_blocks` (the
+per-block similarities, what a share of a split evaluation saves:
+`jaxseg_robust.evaluation.partials`), :func:`summarise_blocks`.
 """
 
 from __future__ import annotations
@@ -48,6 +53,14 @@ class InstanceEvalConfig:
       progress: progress display on stderr (``auto``, ``tqdm``, ``plain``, ``none``).
       mask_path: where mask AP counts are taken (``auto``, ``runs``, ``device``;
         `jaxseg_robust.evaluation.mask_counts.CountSettings`); Boundary AP always uses the device.
+      ap_params: thresholds, area ranges and max-dets (``coco_ap.APParams``); None = the
+        dataset's defaults (COCOeval's or LVISEval's).
+      image_ids, category_ids: evaluate only these images / categories (COCOeval's
+        ``params.imgIds`` / ``catIds``); None = all of the ground truth.
+      use_cats: False = category-agnostic (COCOeval's ``useCats=0``: every ground truth and
+        detection of an image in one block; COCO only).
+      images_of: ``(k, n)``, 1 <= k <= n: evaluate the k-th of n interleaved shares of the
+        (sorted) images, ``image_ids[k-1::n]``, to merge later (`jaxseg_robust.evaluation.partials`).
     """
 
     iou_type: str = "segm"
@@ -57,6 +70,11 @@ class InstanceEvalConfig:
     chunk_masks: int = 64
     progress: str = "auto"
     mask_path: str = "auto"
+    ap_params: coco_ap.APParams | None = None
+    image_ids: tuple | None = None
+    category_ids: tuple | None = None
+    use_cats: bool = True
+    images_of: tuple | None = None
 
     def __post_init__(self):
         if self.iou_type not in IOU_TYPES:
@@ -69,6 +87,12 @@ class InstanceEvalConfig:
             raise ValueError("chunk_masks and lvis_max_dets must be >= 1")
         if self.mask_path not in MASK_PATHS:
             raise ValueError(f"mask_path must be one of {MASK_PATHS}, got {self.mask_path!r}")
+        if not self.use_cats and self.dataset == "lvis":
+            raise ValueError("use_cats=False is a COCOeval setting; LVISEval always evaluates per category")
+        if self.images_of is not None:
+            share, shares = self.images_of
+            if not 1 <= share <= shares:
+                raise ValueError(f"images_of must be (k, n) with 1 <= k <= n, got {self.images_of!r}")
 
     @property
     def count_settings(self) -> CountSettings:
@@ -78,7 +102,64 @@ class InstanceEvalConfig:
 
     @property
     def params(self) -> coco_ap.APParams:
+        """The AP settings: ``ap_params``, or the dataset's defaults."""
+        if self.ap_params is not None:
+            return self.ap_params
         return coco_ap.LVIS_PARAMS if self.dataset == "lvis" else coco_ap.COCO_PARAMS
+
+
+AGNOSTIC_CATEGORY = -1  # the one category of a use_cats=False evaluation, as COCOeval names it
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """What an evaluation covers (resolved from the ground truth and the config).
+
+    Attributes:
+      image_ids: the evaluated images, sorted; selected_images: the images before the
+        ``images_of`` share (what the merged shares must cover).
+      category_ids: the evaluated categories, sorted (``[-1]`` when category-agnostic);
+        member_ids: the ground-truth categories whose annotations and detections are evaluated.
+      names: a name per evaluated category; frequency_groups: LVIS' rare / common / frequent
+        groups as indices into ``category_ids`` (empty lists otherwise).
+    """
+
+    image_ids: list
+    selected_images: list
+    category_ids: list
+    member_ids: list
+    names: list
+    frequency_groups: list
+
+
+def _chosen(wanted, known: list, what: str, *, in_given_order: bool = False) -> list:
+    """The ``known`` ids that are ``wanted`` (all when None): sorted, or unique in the given order.
+
+    Unknown ones raise CocoFormatError; the ids returned are the ground truth's own objects.
+    """
+    if wanted is None:
+        return list(known)
+    known_set = set(known)
+    missing = [item for item in wanted if item not in known_set]
+    if missing:
+        raise CocoFormatError(f"{what}: {missing[0]!r} is not in the ground truth"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    own = {item: item for item in known}
+    if in_given_order:
+        return list(dict.fromkeys(own[item] for item in wanted))
+    wanted_set = set(wanted)
+    return [item for item in known if item in wanted_set]
+
+
+def evaluation_scope(gt: GroundTruth, config: InstanceEvalConfig) -> Scope:
+    """The images and categories ``config`` evaluates of ``gt`` (CocoFormatError on an unknown id)."""
+    selected = _chosen(config.image_ids, gt.image_ids, "image_ids")
+    images = selected if config.images_of is None else selected[config.images_of[0] - 1::config.images_of[1]]
+    members = _chosen(config.category_ids, gt.category_ids, "category_ids", in_given_order=not config.use_cats)
+    if not config.use_cats:  # COCOeval gathers an image's items in the order of its catIds
+        return Scope(images, selected, [AGNOSTIC_CATEGORY], members, ["all categories"], [[], [], []])
+    names = [str(gt.categories[category_id].get("name", category_id)) for category_id in members]
+    return Scope(images, selected, members, members, names, _frequency_groups(gt, members))
 
 
 @dataclasses.dataclass
@@ -94,6 +175,9 @@ class InstanceEvaluation:
       accumulated: precision [T, R, K, A, M] and recall [T, K, A, M].
       counts: images, ground truths and detections evaluated.
       config: the settings.
+      blocks: the scored blocks the numbers come from (:class:`ScoredBlocks`).
+      matches: the matching with partners (``coco_ap.Matches``) when asked for
+        (:func:`summarise_blocks`), else None.
     """
 
     summary: dict
@@ -101,6 +185,8 @@ class InstanceEvaluation:
     accumulated: coco_ap.Accumulated
     counts: dict
     config: InstanceEvalConfig
+    blocks: ScoredBlocks | None = None
+    matches: coco_ap.Matches | None = None
 
 
 def _stable_by_score(detections: list) -> list:
@@ -156,15 +242,33 @@ def _coco_blocks(gt: GroundTruth, by_image: dict) -> tuple[dict, dict]:
     return gts, dts
 
 
-def _block_lists(gt: GroundTruth, gts: dict, dts: dict, limit: int | None) -> dict:
+def _in_scope(blocks: dict, scope: Scope) -> dict:
+    """The (image, category) -> items entries of ``scope``'s images and member categories.
+
+    Category-agnostic scopes gather an image's items under ``(image, -1)`` in
+    the order of ``scope.member_ids`` (COCOeval's ``catIds`` as given), file order within a category
+    (COCOeval's ``useCats=0``).
+    """
+    images, members = set(scope.image_ids), {category_id: k for k, category_id in enumerate(scope.member_ids)}
+    kept = {key: items for key, items in blocks.items() if key[0] in images and key[1] in members}
+    if scope.category_ids != [AGNOSTIC_CATEGORY]:
+        return kept
+    merged: dict = {}
+    for key in sorted(kept, key=lambda key: members[key[1]]):  # stable: images keep their order of appearance
+        merged.setdefault((key[0], AGNOSTIC_CATEGORY), []).extend(kept[key])
+    return merged
+
+
+def _block_lists(scope: Scope, gts: dict, dts: dict, limit: int | None) -> dict:
     """(image, category) -> (ground truths, detections sorted and capped) for blocks with either.
 
     Blocks in category order (sorted ids), then image order (sorted ids); a
     block's detections by decreasing score, ties in file order (Python's sort
     is stable, as the reference's mergesort).
     """
-    category_index = {category_id: k for k, category_id in enumerate(gt.category_ids)}
-    image_index = {image_id: i for i, image_id in enumerate(gt.image_ids)}
+    gts, dts = _in_scope(gts, scope), _in_scope(dts, scope)
+    category_index = {category_id: k for k, category_id in enumerate(scope.category_ids)}
+    image_index = {image_id: i for i, image_id in enumerate(scope.image_ids)}
     keys = sorted(set(gts) | set(dts), key=lambda key: (category_index[key[1]], image_index[key[0]]))
     blocks = {}
     for key in keys:
@@ -229,13 +333,13 @@ def _pair_similarity(works: list, counts: list, pair_index: np.ndarray, crowd: n
     return ious
 
 
-def _block_table(gt: GroundTruth, blocks: dict, config: InstanceEvalConfig) -> coco_ap.Blocks:
+def _block_table(gt: GroundTruth, scope: Scope, blocks: dict, config: InstanceEvalConfig) -> coco_ap.Blocks:
     """The blocks as coco_ap.Blocks, similarities left empty (see `_pair_similarity`)."""
     unpenalised = {}
     if config.dataset == "lvis":
         for image in gt.dataset.get("images", []):
             unpenalised[image["id"]] = set(image.get("not_exhaustive_category_ids", []))
-    category_index = {category_id: k for k, category_id in enumerate(gt.category_ids)}
+    category_index = {category_id: k for k, category_id in enumerate(scope.category_ids)}
     gts = [g for block_gts, _ in blocks.values() for g in block_gts]
     dts = [d for _, block_dts in blocks.values() for d in block_dts]
     return coco_ap.Blocks(
@@ -259,13 +363,13 @@ def _pair_crowd(table: coco_ap.Blocks) -> np.ndarray:
     return table.gt_crowd[coco_ap.piece_starts(table.n_gt)[block] + pair % table.n_gt[block]]
 
 
-def _frequency_groups(gt: GroundTruth) -> list[list[int]]:
-    """LVIS: category indices of the rare, common and frequent groups (empty without ``frequency``)."""
+def _frequency_groups(gt: GroundTruth, category_ids: list) -> list[list[int]]:
+    """LVIS: indices into ``category_ids`` of the rare, common and frequent groups (empty without ``frequency``)."""
     groups = [[] for _ in coco_ap.FREQUENCY_GROUPS]
     first = gt.categories[gt.category_ids[0]]
     if "frequency" not in first:
         return groups
-    for index, category_id in enumerate(gt.category_ids):
+    for index, category_id in enumerate(category_ids):
         frequency = gt.categories[category_id].get("frequency")
         if frequency not in coco_ap.FREQUENCY_GROUPS:
             raise CocoFormatError(f"ground truth: category {category_id!r} has frequency {frequency!r}, "
@@ -274,18 +378,21 @@ def _frequency_groups(gt: GroundTruth) -> list[list[int]]:
     return groups
 
 
-def _select(gt: GroundTruth, results, config: InstanceEvalConfig, warn) -> tuple[dict, int]:
-    """The evaluated blocks (see `_block_lists`) and the number of detections read."""
+def _select(gt: GroundTruth, scope: Scope, results, config: InstanceEvalConfig, warn,
+            area_field: bool) -> tuple[dict, int]:
+    """The evaluated blocks (see `_block_lists`) and the number of detections read of the evaluated images."""
     raw = read_json(results, "results file")
     if config.dataset == "lvis":
         box_area = isinstance(raw, list) and bool(raw) and isinstance(raw[0], dict) and "bbox" in raw[0]
-        _, every = load_detections(raw, gt, box_area=box_area, warn=warn)
+        _, every = load_detections(raw, gt, box_area=box_area, area_field=area_field, warn=warn)
         images_of = [raw[d.index]["image_id"] for d in every]
         gts, dts = _lvis_blocks(gt, every, images_of, config.lvis_max_dets)
     else:
-        by_image, every = load_detections(raw, gt, warn=warn)
+        by_image, every = load_detections(raw, gt, area_field=area_field, warn=warn)
+        images_of = [raw[d.index]["image_id"] for d in every]
         gts, dts = _coco_blocks(gt, by_image)
-    return _block_lists(gt, gts, dts, config.params.block_limit), len(every)
+    evaluated = set(scope.image_ids)
+    return _block_lists(scope, gts, dts, config.params.block_limit), sum(i in evaluated for i in images_of)
 
 
 @dataclasses.dataclass
@@ -293,13 +400,14 @@ class PreparedInstances:
     """A checked evaluation before its pixel counts (:func:`prepare_instances`).
 
     Attributes:
-      gt: the ground truth; blocks: (image, category) -> (ground truths,
-        detections sorted and capped), in block order; works, pair_index: the
-        mask work per image and where each block pair's counts land
-        (`_image_work`); n_detections: detections read from the results file.
+      gt: the ground truth; scope: the evaluated images and categories; blocks: (image,
+        category) -> (ground truths, detections sorted and capped), in block order; works,
+        pair_index: the mask work per image and where each block pair's counts land
+        (`_image_work`); n_detections: detections read of the evaluated images.
     """
 
     gt: GroundTruth
+    scope: Scope
     blocks: dict
     works: list
     pair_index: np.ndarray
@@ -307,40 +415,86 @@ class PreparedInstances:
 
 
 def prepare_instances(ground_truth, results, config: InstanceEvalConfig = InstanceEvalConfig(), *,
-                      warn: Callable[[str], None] = default_warn) -> PreparedInstances:
-    """Reads and checks both files and lays out the evaluation (the first stage of :func:`evaluate_instances`)."""
+                      warn: Callable[[str], None] = default_warn, area_field: bool = False) -> PreparedInstances:
+    """Reads and checks both files and lays out the evaluation (the first stage of :func:`evaluate_instances`).
+
+    ``area_field``: each result carries the ``area`` to use (as pycocotools' ``loadRes`` leaves it).
+    """
     gt = load_ground_truth(ground_truth)
-    blocks, n_detections = _select(gt, results, config, warn)
+    scope = evaluation_scope(gt, config)
+    blocks, n_detections = _select(gt, scope, results, config, warn, area_field)
     works, pair_index = _image_work(gt, blocks)
-    return PreparedInstances(gt, blocks, works, pair_index, n_detections)
+    return PreparedInstances(gt, scope, blocks, works, pair_index, n_detections)
+
+
+@dataclasses.dataclass
+class ScoredBlocks:
+    """Every evaluated block with its pair similarities: all that matching and accumulation read.
+
+    What one process of a split evaluation saves (`jaxseg_robust.evaluation.partials`).
+
+    Attributes:
+      table: the blocks (``coco_ap.Blocks``, similarities filled in).
+      keys: (image id, category id) of each block, block order.
+      gt_ids: annotation id of each ground truth (block order); dt_ids: id of each detection
+        (its 1-based position in the results file, as pycocotools' ``loadRes`` numbers them).
+      scope: the evaluated images and categories; counts: images, ground truths and detections.
+    """
+
+    table: coco_ap.Blocks
+    keys: list
+    gt_ids: list
+    dt_ids: list
+    scope: Scope
+    counts: dict
+
+
+def score_blocks(prepared: PreparedInstances, counts: list,
+                 config: InstanceEvalConfig = InstanceEvalConfig()) -> ScoredBlocks:
+    """The blocks and their similarities from the pair counts (``count_pairs(prepared.works, ...)``)."""
+    gt, blocks, scope = prepared.gt, prepared.blocks, prepared.scope
+    table = _block_table(gt, scope, blocks, config)
+    table = table._replace(ious=_pair_similarity(prepared.works, counts, prepared.pair_index, _pair_crowd(table),
+                                                 config.iou_type == "boundary"))
+    members = set(scope.member_ids)
+    counts_summary = {"images": len(scope.image_ids),
+                      "ground_truths": sum(ann.category_id in members for image_id in scope.image_ids
+                                           for ann in gt.annotations[image_id]),
+                      "detections_read": prepared.n_detections,
+                      "detections_evaluated": sum(len(d) for _, d in blocks.values())}
+    return ScoredBlocks(table, list(blocks), [g.ann_id for block_gts, _ in blocks.values() for g in block_gts],
+                        [d.index + 1 for _, block_dts in blocks.values() for d in block_dts], scope, counts_summary)
+
+
+def summarise_blocks(scored: ScoredBlocks, config: InstanceEvalConfig = InstanceEvalConfig(), *,
+                     with_matches: bool = False) -> InstanceEvaluation:
+    """Matching, accumulation and summaries of scored blocks (the last stage).
+
+    ``with_matches``: keep the matching with each detection's partner and the scores
+    (what ``COCOeval.evalImgs`` and ``eval["scores"]`` need).
+    """
+    table, scope, params = scored.table, scored.scope, config.params
+    matches = coco_ap.match_blocks(table, params, with_partners=with_matches)
+    accumulated = coco_ap.accumulate(table, matches, len(scope.category_ids), params, with_scores=with_matches)
+    if config.dataset == "lvis":
+        summary = coco_ap.lvis_summary(accumulated, scope.frequency_groups, params)
+    else:
+        summary = coco_ap.coco_summary(accumulated, params)
+    rows = coco_ap.per_category_ap(accumulated, params)
+    categories = [{"category_id": category_id, "name": name, **dict(zip(coco_ap.PER_CATEGORY_COLUMNS, map(float, row)))}
+                  for category_id, name, row in zip(scope.category_ids, scope.names, rows)]
+    return InstanceEvaluation(summary, categories, accumulated, dict(scored.counts), config, scored,
+                              matches if with_matches else None)
 
 
 def finish_instances(prepared: PreparedInstances, counts: list,
                      config: InstanceEvalConfig = InstanceEvalConfig()) -> InstanceEvaluation:
-    """Similarities, matching, accumulation and summaries from the pair counts (the last stage).
+    """Similarities, matching, accumulation and summaries from the pair counts (the last stages).
 
     Args:
       prepared: :func:`prepare_instances`; counts: ``count_pairs(prepared.works, config.count_settings)``.
     """
-    gt, blocks = prepared.gt, prepared.blocks
-    table = _block_table(gt, blocks, config)
-    table = table._replace(ious=_pair_similarity(prepared.works, counts, prepared.pair_index, _pair_crowd(table),
-                                                 config.iou_type == "boundary"))
-    matches = coco_ap.match_blocks(table, config.params)
-    accumulated = coco_ap.accumulate(table, matches, len(gt.category_ids), config.params)
-    if config.dataset == "lvis":
-        summary = coco_ap.lvis_summary(accumulated, _frequency_groups(gt))
-    else:
-        summary = coco_ap.coco_summary(accumulated, config.params)
-    rows = coco_ap.per_category_ap(accumulated)
-    categories = [{"category_id": category_id, "name": str(gt.categories[category_id].get("name", category_id)),
-                   **dict(zip(coco_ap.PER_CATEGORY_COLUMNS, map(float, row)))}
-                  for category_id, row in zip(gt.category_ids, rows)]
-    counts_summary = {"images": len(gt.image_ids),
-                      "ground_truths": sum(len(v) for v in gt.annotations.values()),
-                      "detections_read": prepared.n_detections,
-                      "detections_evaluated": sum(len(d) for _, d in blocks.values())}
-    return InstanceEvaluation(summary, categories, accumulated, counts_summary, config)
+    return summarise_blocks(score_blocks(prepared, counts, config), config)
 
 
 def evaluate_instances(ground_truth, results, config: InstanceEvalConfig = InstanceEvalConfig(), *,
@@ -353,10 +507,11 @@ def evaluate_instances(ground_truth, results, config: InstanceEvalConfig = Insta
     matching, accumulation, summaries).
 
     Args:
-      ground_truth: path of a COCO / LVIS ground-truth JSON, or the loaded dict.
+      ground_truth: path of a COCO / LVIS ground-truth JSON, the loaded dict, or a loaded
+        ``jaxseg_robust.data.coco_instances.GroundTruth``.
       results: path of a results JSON (list of ``{image_id, category_id, score,
         segmentation}``), or the loaded list.
-      config: settings (IoU type, dataset flavour, dilation ratio, batching).
+      config: settings (IoU type, dataset flavour, dilation ratio, batching, subsets).
       warn: receives a message for each problem the official evaluators skip silently.
 
     Returns:
@@ -370,5 +525,6 @@ def evaluate_instances(ground_truth, results, config: InstanceEvalConfig = Insta
     return finish_instances(prepared, count_pairs(prepared.works, config.count_settings), config)
 
 
-__all__ = ["IOU_TYPES", "DATASETS", "InstanceEvalConfig", "InstanceEvaluation", "PreparedInstances",
-           "prepare_instances", "finish_instances", "evaluate_instances"]
+__all__ = ["IOU_TYPES", "DATASETS", "AGNOSTIC_CATEGORY", "InstanceEvalConfig", "InstanceEvaluation", "Scope",
+           "PreparedInstances", "ScoredBlocks", "evaluation_scope", "prepare_instances", "score_blocks",
+           "summarise_blocks", "finish_instances", "evaluate_instances"]

@@ -18,14 +18,10 @@ from __future__ import annotations
 import math
 import pathlib
 
+from jaxseg_robust.evaluation.cocoeval import summary_lines
+from jaxseg_robust.metrics.coco_ap import COCO_PARAMS, APParams
 from jaxseg_robust.reports.tables import csv_text, markdown_table
 
-_COCO_LINES = (  # name -> (AP or AR, IoU label, area, maxDets index)
-    ("AP", 1, None, "all", 2), ("AP50", 1, 0.5, "all", 2), ("AP75", 1, 0.75, "all", 2),
-    ("APs", 1, None, "small", 2), ("APm", 1, None, "medium", 2), ("APl", 1, None, "large", 2),
-    ("AR1", 0, None, "all", 0), ("AR10", 0, None, "all", 1), ("AR100", 0, None, "all", 2),
-    ("ARs", 0, None, "small", 2), ("ARm", 0, None, "medium", 2), ("ARl", 0, None, "large", 2),
-)
 _LVIS_GROUPS = {"APr": "r", "APc": "c", "APf": "f"}
 
 
@@ -36,11 +32,10 @@ def _line(kind: int, iou, area: str, max_dets: int, value: float, extra: str = "
     return f" {title:<18} {short} @[ {setting} ] = {value:0.3f}"
 
 
-def instance_text(summary: dict, dataset: str, lvis_max_dets: int = 300) -> str:
-    """The official evaluators' summary lines (COCO: 12, LVIS: 13)."""
+def instance_text(summary: dict, dataset: str, lvis_max_dets: int = 300, params: APParams = COCO_PARAMS) -> str:
+    """The official evaluators' summary lines (COCO: 12, with the IoU range and max-dets of ``params``; LVIS: 13)."""
     if dataset != "lvis":
-        return "\n".join(_line(kind, iou, area, (1, 10, 100)[m], summary[name])
-                         for name, kind, iou, area, m in _COCO_LINES)
+        return "\n".join(summary_lines(list(summary.values()), params.iou_thresholds, params.max_dets))
     lines = []
     for name, value in summary.items():
         kind = 1 if name.startswith("AP") else 0
