@@ -147,9 +147,10 @@ def test_a_dense_model_given_to_a_prompt_protocol_says_it_takes_no_prompts(tmp_p
 
 
 def test_a_bad_frame_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
-    from jaxseg_robust.commands import loading
+    from jaxseg_robust.models import zoo
 
-    monkeypatch.setattr(loading, "load_model", _fail_if_called)
+    monkeypatch.setattr(zoo, "segmenter", _fail_if_called)  # sam_tiny's random weights
+    monkeypatch.setattr(zoo, "load_params", _fail_if_called)  # converted weights
     folder = make_folder(tmp_path, bad=False)
     for command in (["tetris"], ["breps"], ["grid", "--kind", "click"], ["rclicks", "--clickability", "dt"]):
         code, _, err = run_cli([*command, "--model", "sam_tiny", *folder_flags(folder), "--frame", "round:0",
