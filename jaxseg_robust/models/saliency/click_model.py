@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +42,8 @@ from jaxseg_robust.models.clickability.click_model import check_frame
 from jaxseg_robust.models.saliency.config import TRANSALNET_RES, TranSalNetConfig
 from jaxseg_robust.models.saliency.network import TranSalNet
 
-__all__ = ["CROP_EXPAND", "GREY_LEVEL", "LETTERBOX_FILL", "SaliencyClickModel", "crop_margins",
-           "resize_matrix", "sm_clickability"]
+__all__ = ["CROP_EXPAND", "GREY_LEVEL", "LETTERBOX_FILL", "CropGeometry", "SaliencyClickModel", "crop_geometry",
+           "crop_margins", "resize_matrix", "sm_clickability", "sm_distribution", "sm_network_input"]
 
 CROP_EXPAND = 1.4   # SaliencyModel(bbox_rsize=1.4)
 GREY_LEVEL = 127.0  # the grey 0.5 of cut_image_from_mask after (x * 255).astype(uint8)
@@ -112,46 +112,85 @@ def _scaled(length: jax.Array, numerator: int | jax.Array, denominator: int | ja
     return jnp.maximum((length * numerator) // denominator, 1)
 
 
+class CropGeometry(NamedTuple):
+    """Where the crop of step 1 lies in the frame and how it is letterboxed (traced int32 scalars).
+
+    Rows ``[top, top + height)`` and columns ``[left, left + width)`` of the frame; ``tall``:
+    ``height / in_h > width / in_w`` (fit the height into the network input, cover the width
+    on the way back).
+    """
+
+    top: jax.Array
+    left: jax.Array
+    height: jax.Array
+    width: jax.Array
+    tall: jax.Array
+
+
+def crop_geometry(region: jax.Array, image_hw: jax.Array, input_hw: tuple[int, int]) -> CropGeometry:
+    """Step 1: the bounding box of ``region`` bool[Hf, Wf] grown by `CROP_EXPAND`, clipped to the image."""
+    frame_h, frame_w = region.shape
+    margins = jnp.asarray(crop_margins(max(frame_h, frame_w)))
+    top, bottom = _span(jnp.any(region, axis=1), image_hw[0], margins)
+    left, right = _span(jnp.any(region, axis=0), image_hw[1], margins)
+    height, width = bottom - top, right - left
+    return CropGeometry(top, left, height, width, height * input_hw[1] > width * input_hw[0])
+
+
+def sm_network_input(image: jax.Array, region: jax.Array, crop: CropGeometry,
+                     input_hw: tuple[int, int]) -> jax.Array:
+    """Steps 2-3: the grey-outside-``region`` crop letterboxed into f32[in_h, in_w, 3] in [0, 1].
+
+    Args:
+      image: f32[Hf, Wf, 3] RGB in 0..255; region: bool[Hf, Wf]; crop: `crop_geometry`'s.
+    """
+    frame_h, frame_w = region.shape
+    in_h, in_w = input_hw
+    fit_h = jnp.where(crop.tall, in_h, _scaled(crop.height, in_w, crop.width))  # preprocess_img: fit inside
+    fit_w = jnp.where(crop.tall, _scaled(crop.width, in_h, crop.height), in_w)
+    rows = resize_matrix(jnp.arange(in_h) - (in_h - fit_h) // 2, fit_h, crop.height, crop.top, frame_h)
+    cols = resize_matrix(jnp.arange(in_w) - (in_w - fit_w) // 2, fit_w, crop.width, crop.left, frame_w)
+    composite = jnp.where(region[..., None], image, GREY_LEVEL)
+    canvas = jnp.einsum("yh,hwc,xw->yxc", rows, composite, cols, precision=lax.Precision.HIGHEST)
+    pasted = jnp.any(rows != 0, axis=1)[:, None] & jnp.any(cols != 0, axis=1)[None, :]
+    return jnp.where(pasted[..., None], _round_to_level(canvas), LETTERBOX_FILL) / 255.0
+
+
+def sm_distribution(saliency: jax.Array, region: jax.Array, crop: CropGeometry) -> jax.Array:
+    """Steps 4-6: network saliency f32[in_h, in_w] in [0, 1] -> click distribution f32[Hf, Wf].
+
+    Returns the 8-bit saliency resized to cover the crop, times ``region``, divided by its sum
+    (sum 1); ``region`` itself where that sum is 0 (the authors' fallback), zeros for an empty region.
+    """
+    frame_h, frame_w = region.shape
+    in_h, in_w = saliency.shape
+    levels = jnp.floor(saliency * 255.0)  # ToPILImage: mul(255).byte()
+    cover_h = jnp.where(crop.tall, crop.height, _scaled(crop.width, in_h, in_w))  # postprocess_img: cover
+    cover_w = jnp.where(crop.tall, _scaled(crop.height, in_w, in_h), crop.width)
+    rows = resize_matrix(jnp.arange(frame_h) - crop.top + (cover_h - crop.height) // 2, cover_h, in_h, 0, in_h)
+    cols = resize_matrix(jnp.arange(frame_w) - crop.left + (cover_w - crop.width) // 2, cover_w, in_w, 0, in_w)
+    resized = _round_to_level(_matmul(_matmul(rows, levels), cols.T))
+    mask = region.astype(jnp.float32)
+    weighted = resized * mask
+    total = jnp.sum(weighted)
+    return jnp.where(total > 0, weighted / jnp.where(total > 0, total, 1.0), mask)
+
+
 def sm_clickability(saliency_fn: Callable[[jax.Array], jax.Array], image: jax.Array, image_hw: jax.Array,
                     region: jax.Array, input_hw: tuple[int, int]) -> jax.Array:
     """The SM construction (module docstring, steps 1-6) around any saliency function.
 
     Args:
-      saliency_fn: f32[h, w, 3] network input in [0, 1] -> f32[h, w] saliency in [0, 1]
-        (``(h, w) = input_hw``).
+      saliency_fn: f32[in_h, in_w, 3] network input in [0, 1] -> f32[in_h, in_w] saliency in [0, 1].
       image: f32[Hf, Wf, 3] RGB in 0..255 (the image at the top left of the frame).
       image_hw: int32[2] the image's (H, W).
       region: bool[Hf, Wf] error region (inside the image).
-      input_hw: static network input (288, 384).
+      input_hw: static network input (in_h, in_w) = (288, 384).
     Returns:
-      f32[Hf, Wf]: the click distribution (sum 1), ``R`` itself where the saliency vanishes
-      on ``R``, zeros for an empty ``R``.
+      f32[Hf, Wf]: the click distribution (see `sm_distribution`).
     """
-    frame_h, frame_w = region.shape
-    in_h, in_w = input_hw
-    margins = jnp.asarray(crop_margins(max(frame_h, frame_w)))
-    top, bottom = _span(jnp.any(region, axis=1), image_hw[0], margins)
-    left, right = _span(jnp.any(region, axis=0), image_hw[1], margins)
-    crop_h, crop_w = bottom - top, right - left
-    tall = crop_h * in_w > crop_w * in_h  # crop_h / in_h > crop_w / in_w, exactly
-    fit_h = jnp.where(tall, in_h, _scaled(crop_h, in_w, crop_w))  # preprocess_img: fit inside
-    fit_w = jnp.where(tall, _scaled(crop_w, in_h, crop_h), in_w)
-    rows = resize_matrix(jnp.arange(in_h) - (in_h - fit_h) // 2, fit_h, crop_h, top, frame_h)
-    cols = resize_matrix(jnp.arange(in_w) - (in_w - fit_w) // 2, fit_w, crop_w, left, frame_w)
-    composite = jnp.where(region[..., None], image, GREY_LEVEL)
-    canvas = jnp.einsum("yh,hwc,xw->yxc", rows, composite, cols, precision=lax.Precision.HIGHEST)
-    pasted = jnp.any(rows != 0, axis=1)[:, None] & jnp.any(cols != 0, axis=1)[None, :]
-    canvas = jnp.where(pasted[..., None], _round_to_level(canvas), LETTERBOX_FILL)
-    levels = jnp.floor(saliency_fn(canvas / 255.0) * 255.0)  # ToPILImage: mul(255).byte()
-    cover_h = jnp.where(tall, crop_h, _scaled(crop_w, in_h, in_w))  # postprocess_img: cover, then crop
-    cover_w = jnp.where(tall, _scaled(crop_h, in_w, in_h), crop_w)
-    back_rows = resize_matrix(jnp.arange(frame_h) - top + (cover_h - crop_h) // 2, cover_h, in_h, 0, in_h)
-    back_cols = resize_matrix(jnp.arange(frame_w) - left + (cover_w - crop_w) // 2, cover_w, in_w, 0, in_w)
-    saliency = _round_to_level(_matmul(_matmul(back_rows, levels), back_cols.T))
-    mask = region.astype(jnp.float32)
-    weighted = saliency * mask
-    total = jnp.sum(weighted)
-    return jnp.where(total > 0, weighted / jnp.where(total > 0, total, 1.0), mask)
+    crop = crop_geometry(region, image_hw, input_hw)
+    return sm_distribution(saliency_fn(sm_network_input(image, region, crop, input_hw)), region, crop)
 
 
 @dataclasses.dataclass(frozen=True)
