@@ -358,3 +358,23 @@ def test_click_model_in_a_padded_frame_and_under_vmap():
         TINY.input_hw)[None])[0]
     _, want, level = restated_sm(image, regions[0], np.asarray(saliency), float_resize, TINY.input_hw)
     assert np.abs(maps[0][0] - want).max() <= 1.001 * level and np.isclose(maps[0][0], want, rtol=1e-5).mean() > 0.99
+
+
+def test_rclicks_run_with_the_tiny_saliency_click_model(tmp_path):
+    import json
+
+    from cli_helpers import make_folder
+    from jaxseg_robust import runs
+    from jaxseg_robust.runs.rclicks import RClicksSpec
+
+    folder = make_folder(tmp_path)
+    spec = runs.RunSpec(model=runs.ModelSpec("sam_tiny"),
+                        data=runs.DataSpec(folders=((str(folder / "images"), str(folder / "masks")),)),
+                        engine=runs.EngineSpec(progress="none"),
+                        protocol=RClicksSpec(clickability="transalnet_tiny", clickability_random_seed=0,
+                                             n_clicks=2, groups=2, seed=7))
+    result = runs.evaluate(spec, tmp_path / "run", say=lambda line: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    assert result.exit_code == 1 and sum(r["status"] == "ok" for r in records) == 3  # two broken pairs fail
+    config = json.loads((tmp_path / "run" / "manifest.json").read_text())["config"]
+    assert config["clickability_source"] == "random:0"
