@@ -7,8 +7,9 @@ Modules (docs/protocols/rclicks.md):
   * ``sampling``      -- exact weighted pixel sampling with explicit keys, per-image keys (§5.3, §7).
   * ``groups``        -- clicking groups G1..G10 (probability-mass bands) and in-band sampling (§5.2).
   * ``error_region``  -- polarity / error region / fallback map of a simulated round (§5.2).
-  * ``click_models``  -- one interface over click models: DT / UD baselines and the clickability
-                         network (zoo name ``rclicks_clickability``) (§3.6, §4).
+  * ``click_models``  -- one interface over click models: DT / UD baselines, the clickability
+                         network (zoo name ``rclicks_clickability``) and the TranSalNet SM baseline
+                         (``saliency`` = ``transalnet_res``) (§3.6, §4).
   * ``user_clicks``   -- first-round real-user clicks per instance from the clicks CSV (§5.1).
   * ``evaluation``    -- the multi-round simulated evaluation (Base, G1..G10), batched (§5).
 The click-distribution metrics live in ``jaxseg_robust.metrics.clicks``.

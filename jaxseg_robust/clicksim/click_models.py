@@ -25,10 +25,17 @@ Models:
     wrapper; it lives in the models layer
     (`jaxseg_robust.models.clickability.click_model`, re-exported here).
 
-`load_click_model` resolves ``"dt"``, ``"ud"``, a converted directory or a zoo
-name; the zoo family ``"clickability"`` and the name ``rclicks_clickability``
-(converted by ``python -m ports clickability``) are registered by
-`jaxseg_robust.models.clickability.registry`.
+  * `SaliencyClickModel` ("saliency", §4 "SM"): TranSalNet_Res saliency of the crop around
+    the error region, restricted to it and normalised (RClicks' Appendix B.2 construction;
+    docs/models/transalnet.md); it lives in the models layer
+    (`jaxseg_robust.models.saliency.click_model`, re-exported here).
+
+`load_click_model` resolves ``"dt"``, ``"ud"``, ``"saliency"``, a converted directory or a
+zoo name of a click-model family (`CLICK_MODEL_FAMILIES`); the family ``"clickability"``
+and the name ``rclicks_clickability`` (``python -m ports clickability``) are registered by
+`jaxseg_robust.models.clickability.registry`, the family ``"transalnet"`` and the names
+``transalnet_res`` (``python -m ports transalnet``) and ``transalnet_tiny`` by
+`jaxseg_robust.models.saliency.registry`.
 """
 
 from __future__ import annotations
@@ -46,18 +53,28 @@ from jaxseg_robust.models import zoo
 from jaxseg_robust.models.clickability.click_model import (BENCHMARK_MINMAX_EPS, LoadedClickModel,
                                                            NetworkClickModel, check_frame,
                                                            letterbox_matrices, unletterbox_matrices)
-from jaxseg_robust.models.clickability.model import FAMILY, ClickabilityConfig, load_converted
+from jaxseg_robust.models.clickability.model import FAMILY as CLICKABILITY_FAMILY
+from jaxseg_robust.models.clickability.model import ClickabilityConfig
 from jaxseg_robust.models.clickability.registry import ZOO_NAME
+from jaxseg_robust.models.saliency.click_model import SaliencyClickModel
+from jaxseg_robust.models.saliency.config import FAMILY as SALIENCY_FAMILY
+from jaxseg_robust.models.saliency.config import TranSalNetConfig
+from jaxseg_robust.models.saliency.registry import ALIAS as SALIENCY_ALIAS
+from jaxseg_robust.models.saliency.registry import ZOO_NAME as SALIENCY_ZOO_NAME
 from jaxseg_robust.ops.distance import distance_transform_edt
 
 __all__ = [
     "BASELINE_NAMES",
     "BENCHMARK_MINMAX_EPS",
+    "CLICK_MODEL_FAMILIES",
+    "SALIENCY_ALIAS",
+    "SALIENCY_ZOO_NAME",
     "ZOO_NAME",
     "ClickModel",
     "DistanceTransformClickModel",
     "UniformClickModel",
     "NetworkClickModel",
+    "SaliencyClickModel",
     "letterbox_matrices",
     "unletterbox_matrices",
     "load_click_model",
@@ -66,6 +83,7 @@ __all__ = [
 ]
 
 BASELINE_NAMES = ("dt", "ud")
+CLICK_MODEL_FAMILIES = (CLICKABILITY_FAMILY, SALIENCY_FAMILY)  # zoo families whose models are click models
 
 
 class ClickModel(Protocol):
@@ -115,37 +133,47 @@ class UniformClickModel(_MapOnlyClickModel):
         return (jnp.asarray(region, bool) & jnp.asarray(inside, bool)).astype(jnp.float32)
 
 
+def _click_model_family(name_or_dir: str) -> str:
+    """The zoo family of a click-model name or converted directory (ValueError for any other family)."""
+    family_name = zoo.family_of_directory(name_or_dir) if os.path.isdir(name_or_dir) else zoo.get(name_or_dir).family
+    if family_name not in CLICK_MODEL_FAMILIES:
+        raise ValueError(f"{name_or_dir!r} is a {family_name} model, not a click model (families: "
+                         f"{', '.join(CLICK_MODEL_FAMILIES)})")
+    return family_name
+
+
 def load_click_model(spec: str | os.PathLike, *, random_seed: int | None = None,
-                     config: ClickabilityConfig | None = None) -> LoadedClickModel:
-    """Resolves ``"dt"``, ``"ud"``, a converted directory or the zoo name `ZOO_NAME`.
+                     config: ClickabilityConfig | TranSalNetConfig | None = None) -> LoadedClickModel:
+    """Resolves ``"dt"``, ``"ud"``, ``"saliency"``, a converted directory or a click-model zoo name.
 
     Args:
-      spec: ``"dt"`` / ``"ud"`` (baselines), a directory written by
-        ``python -m ports clickability``, or ``"rclicks_clickability"`` (converted
-        weights under ``$JAXSEG_ROBUST_MODELS``).
-      random_seed: with the zoo name: seeded random weights instead (tests, benchmarks).
+      spec: ``"dt"`` / ``"ud"`` (baselines), ``"saliency"`` (= `SALIENCY_ZOO_NAME`, RClicks'
+        SM baseline), a directory written by ``python -m ports clickability`` or
+        ``python -m ports transalnet``, or a zoo name of those families (``"rclicks_clickability"``,
+        ``"transalnet_res"``: converted weights under ``$JAXSEG_ROBUST_MODELS``).
+      random_seed: with a zoo name: seeded random weights instead (tests, benchmarks).
       config: with ``random_seed``: the network configuration (default: the zoo's).
     Raises:
-      ValueError: an unknown name; FileNotFoundError: the named weights were not
-      converted (the message gives the port command); jaxseg_robust.models.store.StoreError: a
-      damaged directory.
+      ValueError: an unknown name or a model of another family; FileNotFoundError: the named
+      weights were not converted (the message gives the port command);
+      jaxseg_robust.models.store.StoreError: a damaged directory.
     """
     text = os.fspath(spec)
     if text in BASELINE_NAMES:
         if random_seed is not None:
             raise ValueError(f"random_seed does not apply to the {text!r} baseline")
         return LoadedClickModel(DistanceTransformClickModel() if text == "dt" else UniformClickModel(), None, text)
+    text = SALIENCY_ZOO_NAME if text == SALIENCY_ALIAS else text
     if random_seed is not None:
         if os.path.isdir(text):
             raise ValueError("random_seed takes the zoo name, not a converted directory")
-        spec_config = zoo.get(text).config if config is None else config
-        if zoo.get(text).family != FAMILY:
-            raise ValueError(f"{text!r} is a {zoo.get(text).family} model, not a clickability model")
-        model = NetworkClickModel(spec_config)
+        family = zoo.family(_click_model_family(text))
+        model = family.segmenter(zoo.get(text).config if config is None else config)
         return LoadedClickModel(model, model.init(int(random_seed)), f"random:{int(random_seed)}")
     path = zoo.resolve(text)  # a directory, or a known (converted) name
-    loaded_config, variables = load_converted(path)
-    return LoadedClickModel(NetworkClickModel(loaded_config), jax.tree.map(jnp.asarray, variables), str(path))
+    _click_model_family(os.fspath(path))
+    model, params, _ = zoo.load_params(path)
+    return LoadedClickModel(model, params, str(path))
 
 
 @functools.lru_cache(maxsize=8)

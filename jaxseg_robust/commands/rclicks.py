@@ -55,8 +55,9 @@ def register(subparsers) -> None:
                     "optionally real first-round user clicks from the RClicks clicks CSV.",
         epilog=EPILOG, default_batch_size=RClicksSpec.default_batch_size, group_title="rclicks", run=run)
     group.add_argument("--clickability", required=True, metavar="DIR|dt|ud|NAME",
-                       help="click model: converted clickability directory, zoo name rclicks_clickability, "
-                            "or the baselines dt / ud")
+                       help="click model: converted clickability or TranSalNet directory, zoo name "
+                            "rclicks_clickability or transalnet_res, saliency (= transalnet_res, the SM "
+                            "baseline), or the baselines dt / ud")
     flags.add_flag(group, "--clickability-random-weights", type=flags.non_negative_int, default=None,
                     metavar="SEED", help="seeded random clickability weights for a zoo name (smoke tests; default: "
                                          "the converted weights)")

@@ -74,8 +74,9 @@ class RClicksSpec(ProtocolSpec):
     """The RClicks protocol's settings (module docstring; docs/protocols/rclicks.md).
 
     Attributes:
-      clickability: the click model: a converted clickability directory, the zoo name
-        ``rclicks_clickability``, or the baselines "dt" (distance transform) / "ud" (uniform).
+      clickability: the click model: a converted clickability or TranSalNet directory, the zoo name
+        ``rclicks_clickability`` or ``transalnet_res``, ``"saliency"`` (= ``transalnet_res``, the SM
+        baseline), or the baselines "dt" (distance transform) / "ud" (uniform).
       clickability_random_seed: seeded random clickability weights for the zoo name (None: the converted ones).
       clicks_csv: the RClicks clicks.csv: also evaluate the real first-round clicks (User) and as many sampled
         ones (SamplingUsersCount) (None: simulated clicks only).
