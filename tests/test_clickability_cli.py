@@ -236,3 +236,15 @@ def test_figure_shows_each_map_with_the_real_and_sampled_clicks():
         np.testing.assert_array_equal(sampled.get_offsets(), samples[name])
         shown = axis.images[1].get_array()
         np.testing.assert_array_equal(np.ma.filled(shown, 0), maps[name])
+
+
+def test_report_of_a_clickability_run(toy, tmp_path):
+    out = tmp_path / "report"
+    with Capture() as captured:
+        code = cli.main(["report", str(toy["run"]), "--out", str(out)])
+    assert code == 0, captured.err
+    page = (out / "report.md").read_text()
+    assert page.startswith("# Clickability (RClicks Table 3)") and "| toy | UD | 4 |" in page
+    assert page.count("![clickability_") == 2
+    assert (out / "table3.csv").read_text() == (toy["run"] / "table3.csv").read_text()
+    assert (out / "toy_per_image.csv").read_text() == (toy["run"] / "toy_per_image.csv").read_text()

@@ -20,13 +20,14 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 __all__ = ["METRICS", "MODEL_LABELS", "TABLE3_HEADER", "model_label", "task_rows", "per_image_csv", "mean_rows",
-           "mean_csv", "table3_csv", "summary_markdown", "summary_csv", "ranked_keys", "clickability_figure",
+           "mean_csv", "table3_csv", "summary_markdown", "summary_csv", "write_tables", "write_clickability_report", "ranked_keys", "clickability_figure",
            "plot_clickability"]
 
 METRICS = ("l1", "ks2d", "wasserstien", "nss", "pde")  # the authors' per-image columns, in their order
@@ -147,6 +148,53 @@ def summary_csv(by_dataset: Mapping[str, Mapping[str, Mapping]], models: Sequenc
                 rows.append([dataset, name, model_label(name), entry["tasks"]]
                             + [entry[key] for metric in METRICS for key in (metric, f"{metric}_std")])
     return _csv_text(header, rows)
+
+
+def write_tables(records: Sequence[Mapping], models: Sequence[str], out_dir,
+                 datasets: Sequence[str] | None = None) -> tuple[dict, list[pathlib.Path]]:
+    """The authors' files of ok ``records``: ``<dataset>_per_image.csv`` and ``<dataset>_mean.csv`` per dataset
+    (``datasets`` order, default the records'), and ``table3.csv``.
+
+    Returns:
+      (``{dataset: mean_rows(...)}``, the paths written).
+    """
+    from jaxseg_robust.reports.report_files import file_stem  # noqa: PLC0415
+
+    out_dir = pathlib.Path(out_dir)
+    ok = [record for record in records if record.get("status") == "ok"]
+    if datasets is None:
+        datasets = list(dict.fromkeys(record["dataset"] for record in ok))
+    by_dataset, paths = {}, []
+    for dataset in datasets:
+        rows = task_rows([record for record in ok if record["dataset"] == dataset], models)
+        if not rows:
+            continue
+        by_dataset[dataset] = mean_rows(rows)
+        for suffix, text in (("per_image", per_image_csv(rows)), ("mean", mean_csv(by_dataset[dataset]))):
+            paths.append(out_dir / f"{file_stem(dataset)}_{suffix}.csv")
+            paths[-1].write_text(text, encoding="utf-8")
+    paths.append(out_dir / "table3.csv")
+    paths[-1].write_text(table3_csv(by_dataset, models), encoding="utf-8")
+    return by_dataset, paths
+
+
+def write_clickability_report(run_dir, out_dir=None, *, plot_instances=None) -> dict[str, pathlib.Path]:
+    """``jaxseg-robust report`` of a clickability run: `write_tables` and the table with spreads in
+    ``report.md``, with the run's figures of the worst and best instances (drawn by the run, which had the
+    models; ``plot_instances`` is not used)."""
+    from jaxseg_robust.reports.report_files import load_run_records, report_folder, write_report_page  # noqa: PLC0415
+    from jaxseg_robust.runner.rundir import read_manifest  # noqa: PLC0415
+
+    models = tuple(read_manifest(run_dir)["config"]["models"])
+    records = load_run_records(run_dir)
+    out = report_folder(run_dir, out_dir)
+    by_dataset, written = write_tables(records, models, out)
+    paths = {path.stem: path for path in written}
+    parts = ["# Clickability (RClicks Table 3)", ""]
+    parts += [summary_markdown(by_dataset, models), ""] if by_dataset else ["(no instance evaluated)", ""]
+    for figure in sorted(pathlib.Path(run_dir).glob("clickability_*.png")):
+        parts += [f"![{figure.stem}]({os.path.relpath(figure, out)})", ""]
+    return write_report_page(out, parts, records, paths)
 
 
 def ranked_keys(records: Iterable[Mapping], models: Sequence[str]) -> list[tuple[str, str]]:

@@ -201,28 +201,14 @@ class ClickabilitySpec(ProtocolSpec):
         """The per-dataset table with spreads and the authors' CSVs; the figures of the worst and best
         instances (a figure that fails is a warning, ``say``, never hides the table)."""
         from jaxseg_robust.reports import clickability as tables  # noqa: PLC0415
-        from jaxseg_robust.reports.report_files import file_stem  # noqa: PLC0415
         from jaxseg_robust.runner.records import latest_records, read_run_records  # noqa: PLC0415
 
         keys = {instance.key for instance in plan.instances}
         records = [record for key, record in latest_records(read_run_records(run_dir)).items()
                    if key in keys and record.get("status") == "ok"]
         names = tuple(self.models)
-        by_dataset = {}
-        files = []
-        for dataset in dict.fromkeys(instance.dataset for instance in plan.instances):
-            rows = tables.task_rows([r for r in records if r["dataset"] == dataset], names)
-            if not rows:
-                continue
-            by_dataset[dataset] = tables.mean_rows(rows)
-            for suffix, text in (("per_image", tables.per_image_csv(rows)),
-                                 ("mean", tables.mean_csv(by_dataset[dataset]))):
-                path = pathlib.Path(run_dir) / f"{file_stem(dataset)}_{suffix}.csv"
-                path.write_text(text, encoding="utf-8")
-                files.append(path)
-        table3 = pathlib.Path(run_dir) / "table3.csv"
-        table3.write_text(tables.table3_csv(by_dataset, names), encoding="utf-8")
-        files.append(table3)
+        datasets = list(dict.fromkeys(instance.dataset for instance in plan.instances))
+        by_dataset, files = tables.write_tables(records, names, run_dir, datasets)
         try:
             files.extend(plot_extremes(records, plan, self, pathlib.Path(run_dir)))
         except Exception as error:  # noqa: BLE001 - a figure must not hide the run's results
