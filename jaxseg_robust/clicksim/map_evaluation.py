@@ -97,8 +97,11 @@ def _inside(sizes: np.ndarray, frame: tuple[int, int]) -> np.ndarray:
 @functools.lru_cache(maxsize=8)
 def maps_program(models: tuple) -> CompiledFunction:
     """The one compiled program of a tuple of click models (static, hashable; one per process, so a resumed or
-    repeated run in the process compiles nothing new):
-    ``(params tuple, prepared tuple of [B, ...], region bool[B, Hf, Wf], inside bool[B, Hf, Wf]) -> f32[B, M, Hf, Wf]``."""
+    repeated run in the process compiles nothing new)::
+
+        (params tuple, prepared tuple of [B, ...], region bool[B, Hf, Wf], inside bool[B, Hf, Wf])
+            -> f32[B, M, Hf, Wf]
+    """
 
     def maps(params, prepared, region, inside):
         out = []

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 __all__ = ["METRICS", "MODEL_LABELS", "TABLE3_HEADER", "model_label", "task_rows", "per_image_csv", "mean_rows",
-           "mean_csv", "table3_csv", "summary_markdown", "summary_csv", "write_tables", "write_clickability_report", "ranked_keys", "clickability_figure",
+           "mean_csv", "table3_csv", "summary_markdown", "summary_csv", "write_tables", "write_clickability_report",
+           "ranked_keys", "clickability_figure",
            "plot_clickability"]
 
 METRICS = ("l1", "ks2d", "wasserstien", "nss", "pde")  # the authors' per-image columns, in their order
@@ -133,7 +134,8 @@ def summary_markdown(by_dataset: Mapping[str, Mapping[str, Mapping]], models: Se
         for name in models:
             if name in means:
                 cells = [_spread_cell(means[name], metric, fmt) for metric, _, _, fmt in TABLE3_COLUMNS]
-                lines.append(f"| {dataset} | {model_label(name)} | {means[name]['tasks']} | " + " | ".join(cells) + " |")
+                row = [dataset, model_label(name), str(means[name]["tasks"]), *cells]
+                lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 

@@ -98,7 +98,8 @@ class ClickabilitySpec(ProtocolSpec):
             raise RunError(f"{{models}} names {', '.join(repeated)} more than once")
         stray = [name for name, _ in self.random_weights if name not in self.models]
         if stray:
-            raise RunError(f"{{random_weights}} names {', '.join(stray)}, not one of {{models}} ({', '.join(self.models)})")
+            raise RunError(f"{{random_weights}} names {', '.join(stray)}, not one of {{models}} "
+                           f"({', '.join(self.models)})")
         if self.num_sets < 1:
             raise RunError(f"{{num_sets}} must be >= 1; got {self.num_sets}")
         if not 0.0 < self.ks_alpha < 1.0:
