@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
 from jaxseg_robust.clicksim.clicks_csv import ClicksTable
 from jaxseg_robust.data.datasets import normalize_name, split_instance_id
 
-__all__ = ["CSV_DATASET_NAMES", "csv_dataset_name", "first_round_clicks"]
+__all__ = ["CSV_DATASET_NAMES", "FirstRoundTask", "csv_dataset_name", "first_round_clicks", "first_round_tasks"]
 
 # Canonical dataset names of `data.datasets` -> the CSV's ``dataset`` values (§1.1).
 CSV_DATASET_NAMES = {"grabcut": "GrabCut", "berkeley": "Berkeley", "davis": "DAVIS", "cocomval": "COCO",
@@ -58,17 +59,29 @@ def _scaled(values: np.ndarray, csv_size: np.ndarray, size: int) -> np.ndarray:
     return np.where(csv_size == size, clipped, np.floor(clipped * size / csv_size)).astype(np.int64)
 
 
-def first_round_clicks(table: ClicksTable, instances: Iterable, *,
-                       dataset_names: Mapping[str, str] | None = None) -> dict[tuple[str, str], np.ndarray]:
-    """Real first-round clicks per instance (both devices, CSV order).
+class FirstRoundTask(NamedTuple):
+    """The real first-round clicks of one instance and the CSV task they form (§1.2).
+
+    Attributes:
+      full_stem: the CSV's ``full_stem`` of the task (the task key of the authors' per-image CSVs).
+      clicks: int64[n, 2] (x, y) pixels in the instance's frame, n >= 1, CSV order.
+    """
+
+    full_stem: str
+    clicks: np.ndarray
+
+
+def first_round_tasks(table: ClicksTable, instances: Iterable, *,
+                      dataset_names: Mapping[str, str] | None = None) -> dict[tuple[str, str], FirstRoundTask]:
+    """The first-round task of every instance with real clicks (both devices, CSV order).
 
     Args:
       table: the clicks table (`clicksim.clicks_csv.read_clicks_csv`).
       instances: `Instance`s or `InstanceRef`s (only ``key``, ``dataset``, ``id`` and ``size`` are read).
       dataset_names: optional overrides ``{instance dataset: CSV dataset value}``.
     Returns:
-      ``{(dataset, id): int64[n, 2] (x, y)}`` for every instance with n >= 1 clicks
-      (instances without clicks are absent, as the reference skips them).
+      ``{(dataset, id): FirstRoundTask}`` for every instance with n >= 1 clicks (instances without
+      clicks are absent, as the reference skips them).
     """
     instances = list(instances)
     first = table.filter(click_type="first")
@@ -76,7 +89,7 @@ def first_round_clicks(table: ClicksTable, instances: Iterable, *,
     index: dict[tuple[str, str, str], np.ndarray] = {}
     for row_index, key in enumerate(zip(first.dataset, first.image_stem, first.object_stem)):
         index.setdefault(tuple(str(k) for k in key), []).append(row_index)
-    out: dict[tuple[str, str], np.ndarray] = {}
+    out: dict[tuple[str, str], FirstRoundTask] = {}
     for instance in instances:
         csv_name = csv_dataset_name(instance.dataset, first, dataset_names)
         if csv_name is None:
@@ -91,5 +104,16 @@ def first_round_clicks(table: ClicksTable, instances: Iterable, *,
         height, width = instance.size
         xs = _scaled(first.x[rows], first.w[rows], width)
         ys = _scaled(first.y[rows], first.h[rows], height)
-        out[instance.key] = np.stack([xs, ys], axis=1)
+        out[instance.key] = FirstRoundTask(str(first.full_stem[rows[0]]), np.stack([xs, ys], axis=1))
     return out
+
+
+def first_round_clicks(table: ClicksTable, instances: Iterable, *,
+                       dataset_names: Mapping[str, str] | None = None) -> dict[tuple[str, str], np.ndarray]:
+    """Real first-round clicks per instance (both devices, CSV order): the clicks of `first_round_tasks`.
+
+    Returns:
+      ``{(dataset, id): int64[n, 2] (x, y)}`` for every instance with n >= 1 clicks.
+    """
+    tasks = first_round_tasks(table, instances, dataset_names=dataset_names)
+    return {key: task.clicks for key, task in tasks.items()}

@@ -12,7 +12,7 @@ import argparse
 import importlib
 
 # Sub-command modules under jaxseg_robust.commands, in the order --help lists them.
-COMMAND_MODULES = ("score", "breps", "tetris", "grid", "rclicks", "perturb", "report", "demo", "coco_eval",
+COMMAND_MODULES = ("score", "breps", "tetris", "grid", "rclicks", "clickability", "perturb", "report", "demo", "coco_eval",
                    "panoptic_eval")
 
 

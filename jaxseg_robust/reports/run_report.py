@@ -304,8 +304,15 @@ def _perturb(run_dir, out_dir, *, plot_instances=None):
     return write_perturb_report(run_dir, out_dir)
 
 
+def _clickability(run_dir, out_dir, plot_instances=None) -> dict[str, pathlib.Path]:
+    from jaxseg_robust.reports.clickability import write_clickability_report  # noqa: PLC0415
+
+    return write_clickability_report(run_dir, out_dir, plot_instances=plot_instances)
+
+
 REPORTERS: dict[str, Callable] = {"tetris": _tetris, "grid": _grid, "breps": write_breps_report,
-                                  "rclicks": write_rclicks_report, "perturb": _perturb}
+                                  "rclicks": write_rclicks_report, "clickability": _clickability,
+                                  "perturb": _perturb}
 
 
 def expected_records_format(config) -> str | None:

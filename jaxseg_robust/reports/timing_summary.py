@@ -217,7 +217,8 @@ def add_timing(run_dir, markdown: str, csv_text: str) -> tuple[str, str]:
     """(Markdown, CSV) of a protocol's summary table with the run directory's seconds added (module docstring)."""
     from jaxseg_robust.reports.artifacts import read_compile_events, read_timing_lines, read_timings  # noqa: PLC0415
 
-    datasets = [line["dataset"] for line in csv.DictReader(io.StringIO(csv_text))]
+    # a table of several rows per dataset (one per model, say) gets one seconds row per dataset
+    datasets = list(dict.fromkeys(line["dataset"] for line in csv.DictReader(io.StringIO(csv_text))))
     rows = dataset_seconds(read_timings(run_dir), datasets)
     events = read_compile_events(run_dir)
     compiled, busy = compile_total(events), device_busy(read_timing_lines(run_dir), events)

@@ -8,6 +8,7 @@ instances, loads the model, runs the protocol's batch program with the engine
 """
 
 from jaxseg_robust.runs.breps import BrepsSpec
+from jaxseg_robust.runs.clickability import ClickabilitySpec
 from jaxseg_robust.runs.execute import RunResult, evaluate
 from jaxseg_robust.runs.grid import GridSpec
 from jaxseg_robust.runs.loading import LoadedModel, load_instances, load_model
@@ -17,6 +18,6 @@ from jaxseg_robust.runs.rclicks import RClicksSpec
 from jaxseg_robust.runs.spec import DataSpec, EngineSpec, ModelSpec, RunError, RunSpec
 from jaxseg_robust.runs.tetris import TetrisSpec
 
-__all__ = ["BrepsSpec", "DataSpec", "EngineSpec", "GridSpec", "LoadedModel", "ModelSpec", "PerturbSpec", "ProtocolSpec",
+__all__ = ["BrepsSpec", "ClickabilitySpec", "DataSpec", "EngineSpec", "GridSpec", "LoadedModel", "ModelSpec", "PerturbSpec", "ProtocolSpec",
            "RClicksSpec", "RunError", "RunPlan", "RunResult", "RunSpec", "RunTables", "TetrisSpec", "evaluate",
            "load_instances", "load_model"]
