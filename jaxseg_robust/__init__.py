@@ -10,7 +10,7 @@ they are imported on first use, so ``import jaxseg_robust`` stays light.
 __version__ = "0.1.0"
 
 PUBLIC_NAMES = ("evaluate", "RunSpec", "ModelSpec", "DataSpec", "EngineSpec", "RunResult", "RunError",
-                "TetrisSpec", "BrepsSpec", "GridSpec", "RClicksSpec", "PerturbSpec")
+                "TetrisSpec", "BrepsSpec", "GridSpec", "RClicksSpec", "PerturbSpec", "ClickabilitySpec")
 
 
 def __getattr__(name: str):

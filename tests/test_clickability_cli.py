@@ -25,7 +25,7 @@ from jaxseg_robust.models.clickability import model as net_model
 from jaxseg_robust.models.clickability.model import ClickabilityConfig, ClickabilityNet
 from jaxseg_robust.reports.clickability import TABLE3_HEADER, clickability_figure
 from jaxseg_robust.runner.records import latest_records, read_run_records
-from jaxseg_robust.runs import ClickabilitySpec, DataSpec, EngineSpec, ModelSpec, RunSpec, evaluate
+from jaxseg_robust.runs import ClickabilitySpec, DataSpec, EngineSpec, RunSpec, evaluate
 
 from cli_helpers import Capture
 from clicks_toy import COUNT, write_toy_clicks
@@ -195,8 +195,7 @@ def test_bad_input_is_one_line_naming_the_file_or_key(toy, capsys):
 
 def test_the_spec_through_evaluate_gives_the_cli_records(toy):
     folder = toy["folder"]
-    spec = RunSpec(model=ModelSpec(",".join(toy["models"])),
-                   protocol=ClickabilitySpec(clicks_csv=str(toy["csv"]), models=toy["models"], num_sets=NUM_SETS,
+    spec = RunSpec(protocol=ClickabilitySpec(clicks_csv=str(toy["csv"]), models=toy["models"], num_sets=NUM_SETS,
                                              seed=SEED, plot_instances=0),
                    data=DataSpec(folders=((str(folder / "images"), str(folder / "masks")),)),
                    engine=EngineSpec(progress="none"))

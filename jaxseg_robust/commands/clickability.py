@@ -25,7 +25,7 @@ from jaxseg_robust.commands import flags
 from jaxseg_robust.commands.run_specs import FlagNames, data_spec_of, engine_spec_of
 from jaxseg_robust.commands.running import run_spec
 from jaxseg_robust.runs.clickability import ClickabilitySpec
-from jaxseg_robust.runs.spec import ModelSpec, RunSpec
+from jaxseg_robust.runs.spec import RunSpec
 
 COMMAND = ClickabilitySpec.command
 FLAG_NAMES = FlagNames(models="--click-models", random_weights="--click-model-random-weights")
@@ -84,12 +84,12 @@ def register(subparsers) -> None:
 
 def spec_of(args) -> RunSpec:
     """The `RunSpec` of the parsed flags (the protocol's: `jaxseg_robust.runs.clickability.ClickabilitySpec`;
-    the model spec names the click models: the run has no segmenter)."""
+    no model spec: the run evaluates click models, no segmenter)."""
     models = tuple(item.strip() for item in str(args.click_models).split(",") if item.strip())
     protocol = ClickabilitySpec(clicks_csv=args.clicks_csv, models=models,
                                 random_weights=tuple(args.click_model_random_weights), num_sets=args.num_sets,
                                 ks_alpha=args.ks_alpha, seed=args.seed, plot_instances=args.plot_instances)
-    return RunSpec(model=ModelSpec(",".join(models)), protocol=protocol, data=data_spec_of(args),
+    return RunSpec(protocol=protocol, data=data_spec_of(args),
                    engine=engine_spec_of(args, frame=args.frame))
 
 

@@ -18,6 +18,6 @@ from jaxseg_robust.runs.rclicks import RClicksSpec
 from jaxseg_robust.runs.spec import DataSpec, EngineSpec, ModelSpec, RunError, RunSpec
 from jaxseg_robust.runs.tetris import TetrisSpec
 
-__all__ = ["BrepsSpec", "ClickabilitySpec", "DataSpec", "EngineSpec", "GridSpec", "LoadedModel", "ModelSpec", "PerturbSpec", "ProtocolSpec",
-           "RClicksSpec", "RunError", "RunPlan", "RunResult", "RunSpec", "RunTables", "TetrisSpec", "evaluate",
-           "load_instances", "load_model"]
+__all__ = ["BrepsSpec", "ClickabilitySpec", "DataSpec", "EngineSpec", "GridSpec", "LoadedModel", "ModelSpec",
+           "PerturbSpec", "ProtocolSpec", "RClicksSpec", "RunError", "RunPlan", "RunResult", "RunSpec", "RunTables",
+           "TetrisSpec", "evaluate", "load_instances", "load_model"]

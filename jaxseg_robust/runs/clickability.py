@@ -149,9 +149,9 @@ class ClickabilitySpec(ProtocolSpec):
             loaded.append(LoadedClickModel(model.model, params, model.source))
         return tuple(loaded)
 
-    def load_model(self, model: ModelSpec, instances: Sequence, mesh, say: Say) -> ClickabilityModels:
+    def load_model(self, model: ModelSpec | None, instances: Sequence, mesh, say: Say) -> ClickabilityModels:
         """The real clicks (checked before any model is loaded), then the click models; ``model`` (the run
-        spec's segmenter) is not used: this protocol runs no segmenter."""
+        spec's segmenter, None from the command line) is not used: this protocol runs no segmenter."""
         if importlib.util.find_spec("scipy") is None:
             raise RunError("the clickability evaluation needs scipy for its Wasserstein distances: "
                            "pip install 'jaxseg_robust[rclicks]'")

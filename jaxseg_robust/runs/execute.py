@@ -102,7 +102,7 @@ def process_index_of(engine: EngineSpec) -> int:
     return 0
 
 
-def frame_policy_of(plan: RunPlan, engine: EngineSpec, model_name: str, say: Say):
+def frame_policy_of(plan: RunPlan, engine: EngineSpec, model_name: str | None, say: Say):
     """The frame policy the run uses: the plan's or the engine spec's, unless the batch program's model sees
     the frame itself (click-map models: every image in its own frame, said with a note)."""
     from jaxseg_robust.runner.program import BatchProgram  # noqa: PLC0415
@@ -128,7 +128,7 @@ def run_plan(plan: RunPlan, spec: RunSpec, run_dir, mesh, say: Say):
     from jaxseg_robust.runner.rundir import ManifestMismatchError, RunDirectoryBusyError  # noqa: PLC0415
 
     engine = spec.engine
-    policy = frame_policy_of(plan, engine, spec.model.name, say)
+    policy = frame_policy_of(plan, engine, None if spec.model is None else spec.model.name, say)
     finalize = timed_finalize(run_dir, plan.batch_fn.compile_log, plan.clicks, process_index_of(engine), plan.finalize)
     precision = DEFAULT_MATMUL_PRECISION if engine.precision is None else engine.precision
     batch_size = spec.protocol.default_batch_size if engine.batch_size is None else engine.batch_size

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
 from jaxseg_robust.runs.loading import load_instances, load_model
-from jaxseg_robust.runs.spec import DataSpec, ModelSpec
+from jaxseg_robust.runs.spec import DataSpec, ModelSpec, RunError
 
 Say = Callable[[str], None]
 
@@ -86,9 +86,15 @@ class ProtocolSpec(abc.ABC):
         protocol's ``load_model`` and ``plan`` read instead (perturb: its semantic or folder instances)."""
         return load_instances(data, default_tetris_max_side=self.default_tetris_max_side, say=say)
 
-    def load_model(self, model: ModelSpec, instances, mesh, say: Say):
+    def load_model(self, model: ModelSpec | None, instances, mesh, say: Say):
         """What the protocol's ``plan`` runs: a `LoadedModel` (`jaxseg_robust.runs.loading.load_model`), or a
-        protocol's own (RClicks: with its click model and user clicks; perturb: the attacked `Target`)."""
+        protocol's own (RClicks: with its click model and user clicks; perturb: the attacked `Target`).
+
+        Raises:
+          RunError: no model (``model`` None) for a protocol that evaluates one.
+        """
+        if model is None:
+            raise RunError(f"the {self.command} protocol evaluates a model: give {{model}}")
         say(f"loading {model.name} ...")
         return load_model(model, mesh=mesh)
 

@@ -132,10 +132,11 @@ class EngineSpec:
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """One evaluation run: ``model`` on ``data`` under ``protocol`` (a protocol spec), run as ``engine`` says."""
+    """One evaluation run: ``model`` on ``data`` under ``protocol`` (a protocol spec), run as ``engine`` says;
+    ``model`` is None only for a protocol that evaluates no segmenter (RClicks' clickability evaluation)."""
 
-    model: ModelSpec
     protocol: object
+    model: ModelSpec | None = None
     data: DataSpec = DataSpec()
     engine: EngineSpec = EngineSpec()
 
