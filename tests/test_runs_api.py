@@ -118,3 +118,10 @@ def test_the_package_root_exports_the_api_lazily():
     code = ("import sys, jaxseg_robust; assert 'jaxseg_robust.runs' not in sys.modules; "
             "jaxseg_robust.RunSpec; assert 'jaxseg_robust.runs' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_prompt_protocol_without_a_model_is_refused(tmp_path):
+    folder = make_folder(tmp_path, bad=False)
+    spec = dataclasses.replace(tetris_spec(folder), model=None)
+    with pytest.raises(runs.RunError, match="the tetris protocol evaluates a model: give model"):
+        runs.evaluate(spec, tmp_path / "never", say=lambda text: None)
