@@ -247,3 +247,28 @@ def test_report_of_a_clickability_run(toy, tmp_path):
     assert page.count("![clickability_") == 2
     assert (out / "table3.csv").read_text() == (toy["run"] / "table3.csv").read_text()
     assert (out / "toy_per_image.csv").read_text() == (toy["run"] / "toy_per_image.csv").read_text()
+
+
+def test_the_command_runs_on_a_converted_transalnet(toy):
+    """The saliency baseline (SM) is any converted TranSalNet directory: Table 3 gets its row, every instance
+    its metrics, and UD's numbers are those of the run without it."""
+    from jaxseg_robust.models.saliency.config import TINY as SALIENCY_TINY  # noqa: PLC0415
+    from jaxseg_robust.models.saliency.network import TranSalNet  # noqa: PLC0415
+
+    directory = toy["root"] / "transalnet_tiny"
+    store.save(directory, TranSalNet(SALIENCY_TINY).init_variables(jax.random.key(0)), family="transalnet",
+               variant="tiny", config=SALIENCY_TINY.to_dict())
+    flags = [*toy["flags"]]
+    flags[flags.index("--click-models") + 1] = f"ud,{directory}"
+    with Capture() as captured:
+        code = cli.main(["--compile-cache", "off", "clickability", *flags, "--out", str(toy["root"] / "sm_run")])
+    assert code == 0, captured.err
+    run = toy["root"] / "sm_run"
+    assert [row["Model"] for row in _read_csv(run / "table3.csv")] == ["UD", str(directory)]
+    rows = [row for row in _read_csv(run / "toy_per_image.csv") if row["model_name"] == str(directory)]
+    assert len(rows) == COUNT
+    values = np.array([[float(row[m]) for m in ("l1", "ks2d", "wasserstien", "nss", "pde")] for row in rows])
+    assert np.isfinite(values).all() and (values[:, 1] >= 0).all()
+    ud = [row for row in _read_csv(run / "toy_per_image.csv") if row["model_name"] == "ud"]
+    first = _read_csv(toy["run"] / "toy_per_image.csv")
+    assert ud == [row for row in first if row["model_name"] == "ud"]  # adding a model changes no other's numbers
