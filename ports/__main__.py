@@ -13,8 +13,8 @@ import argparse
 import importlib
 import sys
 
-FAMILY_MODULES = ("sam", "mobile_sam", "sam_hq", "sam2", "clickability", "dense", "semseg", "upernet", "ritm",
-                  "simpleclick")
+FAMILY_MODULES = ("sam", "mobile_sam", "sam_hq", "robustsam", "sam2", "clickability", "dense", "semseg", "upernet",
+                  "ritm", "simpleclick")
 EXIT_OK, EXIT_FAILURE = 0, 2
 
 
