@@ -2,8 +2,8 @@
 
 * the "clear" decoder path is SAM's decoder on RobustSAM's weights (the claim
   the family page makes for the BREPS wrapper's predictor call);
-* the "robust" path reads the first global-attention block output, differs from
-  the clear path, batches under ``vmap`` and is differentiable in the box;
+* the "robust" path caches its prompt-independent encoder features at ``embed``,
+  differs from the clear path, batches under ``vmap`` and is differentiable in the box;
 * the family's rules are the SAM family's under RobustSAM's name.
 """
 
@@ -62,11 +62,14 @@ def test_clear_path_is_sams_decoder_on_robustsams_weights(tiny):
         np.testing.assert_array_equal(ours.scores, want.scores)
 
 
-def test_robust_path_reads_the_early_feature_and_differs_from_clear(tiny):
+def test_robust_path_caches_its_encoder_features_and_differs_from_clear(tiny):
     robust, clear, params, x, transform = tiny
     features = robust.embed(params, x)
-    e, d = TINY_CONFIG.embedding_size, TINY_CONFIG.vit_dim
-    assert [a.shape for a in features.interm_embeddings] == [(e, e, d)]
+    low, c = TINY_CONFIG.low_res_size, TINY_CONFIG.prompt_embed_dim
+    assert [a.shape for a in features.interm_embeddings] == [(low, low, c // 8)]
+    batched = robust.embed(params, jnp.stack([x, x]))
+    np.testing.assert_allclose(batched.interm_embeddings[0][1], features.interm_embeddings[0],
+                               rtol=0, atol=1e-5 * float(np.abs(features.interm_embeddings[0]).max()))
     prompts = box_prompts(BOXES[0])
     low_robust, iou_robust = robust.decode_low_res(params, features, prompts, transform)
     low_clear, iou_clear = clear.decode_low_res(params, clear.embed(params, x), prompts, transform)
@@ -74,7 +77,7 @@ def test_robust_path_reads_the_early_feature_and_differs_from_clear(tiny):
     assert np.abs(low_robust - low_clear).max() > 1e-2 * np.abs(low_clear).max()
     # the IoU head reads the IoU token after a transformer run on other output tokens
     assert not np.allclose(iou_robust, iou_clear)
-    with pytest.raises(ValueError, match="first global-attention block output"):
+    with pytest.raises(ValueError, match="must hold the robust encoder features"):
         robust.decode(params, SamFeatures(image_embeddings=features.image_embeddings), prompts,
                       transform)
 

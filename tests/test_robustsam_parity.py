@@ -8,7 +8,8 @@ saved with ``torch.save`` in the official flat layout, converted with
 image and Dice loss), on both decoder paths ("clear": the reference
 predictor's and BREPS's, "robust": ``clear=False``):
 
-  * image embeddings, and the first global-attention block output (robust path);
+  * image embeddings, and on the robust path the prompt-independent Fourier
+    features of the first global-attention block output and of the embedding;
   * for one point, several points, a box, box + points, and the box with a mask
     input: logits at the original size of the selected candidate, predicted
     IoUs and every low-res candidate, with and without ``multimask_output``;
@@ -117,12 +118,22 @@ def torch_gradient(model, predictor, kw, target, clear: bool, size_hw):
     return np.concatenate([g[0].numpy().ravel() for g in grads]), float(loss.detach())
 
 
+def robust_features(model, predictor) -> np.ndarray:
+    """The reference's prompt-independent robust features [4E, 4E, C/8] (``clear=False``)."""
+    decoder = model.mask_decoder
+    early = predictor.features[1][0].permute(0, 3, 1, 2)
+    with torch.no_grad():
+        both = (decoder.fourier_first_layer_features(early, clear=False)
+                + decoder.fourier_last_layer_features(predictor.features[0], clear=False))
+    return both[0].permute(1, 2, 0).numpy().copy()
+
+
 def reference_side(pkg, model, image, target):
     predictor = pkg.SamPredictor(model)
     predictor.set_image(image)
     size_hw = image.shape[:2]
     out = {"embedding": predictor.features[0][0].permute(1, 2, 0).numpy().copy(),
-           "interm": predictor.features[1][0][0].numpy().copy()}
+           "robust_features": robust_features(model, predictor)}
     cases = prompt_cases(*size_hw)
     for path in PATHS:
         clear = path == "clear"
@@ -152,7 +163,7 @@ def jax_path_side(config, params, image, target, ref, path: str) -> dict:
     features = jax.jit(seg.embed)(params, x)
     out = {"embedding": np.asarray(features.image_embeddings)}
     if path == "robust":
-        out["interm"] = np.asarray(features.interm_embeddings[0])
+        out["robust_features"] = np.asarray(features.interm_embeddings[0])
     decode = jax.jit(seg.decode, static_argnames=("multimask_output",))
     decode_low = jax.jit(seg.decode_low_res)
     low = (config.low_res_size, config.low_res_size)
@@ -204,9 +215,9 @@ def results(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_image_embeddings_and_early_feature(results, path):
+def test_image_embeddings_and_robust_features(results, path):
     variant, source, ref, ours = results
-    for key in ("embedding", "interm") if path == "robust" else ("embedding",):
+    for key in ("embedding", "robust_features") if path == "robust" else ("embedding",):
         err, scale = max_err(ours[path][key], ref[key])
         print(f"\nPARITY robustsam_{variant} [{source}] {path} {key}: max_abs_err={err:.3g} "
               f"scale={scale:.3g} rel={err / scale:.3g}")

@@ -18,6 +18,8 @@ for one prompt set (docs/models/robustsam.md):
 
     with ``upscaled`` SAM's upscaled image tokens (after the last GELU) and the
     early feature the ViT's first global-attention block output (D channels).
+    The last two terms do not depend on the prompts (`encoder_features`); the
+    segmenter computes them once per image and passes them in.
 
 Params: SAM's decoder (`MaskDecoder`) plus ``custom_robust_token`` f32[K, C],
 ``robust_mlp/layers_{0,1,2}``, ``custom_token_block/{lin1,lin2}``,
@@ -118,12 +120,12 @@ class RobustMaskDecoder(MaskDecoder):
         return jnp.einsum("kd,hwd->khw", weights, features)
 
     def __call__(self, image_embeddings, image_pe, sparse, token_valid, dense: LowRankDense,
-                 early_feature: jnp.ndarray | None = None):
+                 robust_features: jnp.ndarray | None = None):
         """Predicts every candidate mask for one prompt set.
 
         Args:
           image_embeddings, image_pe, sparse, token_valid, dense: as `MaskDecoder`.
-          early_feature: f32[E, E, D] the first global-attention block output
+          robust_features: f32[4E, 4E, C/8] `encoder_features` of the image
             (needed with ``robust``; unused otherwise).
 
         Returns:
@@ -131,10 +133,9 @@ class RobustMaskDecoder(MaskDecoder):
         """
         if not self.robust:
             return super().__call__(image_embeddings, image_pe, sparse, token_valid, dense)
-        if early_feature is None:
-            raise ValueError("the robust decoder path needs the early encoder feature")
+        if robust_features is None:
+            raise ValueError("the robust decoder path needs the image's robust encoder features")
         k = self.num_mask_tokens
-        robust_features = self.encoder_features(image_embeddings, early_feature)
         hs, src = self.run_transformer(image_embeddings, image_pe, sparse, token_valid, dense)
         upscaled = blocks_to_spatial(self.output_upscaling.blocks(src))
         masks = self.robust_masks(hs[1:1 + k], upscaled, robust_features)

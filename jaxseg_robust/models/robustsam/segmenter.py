@@ -8,13 +8,15 @@ through its ``SamPredictor``. Differences, from ``config.decoder_path``:
 
   * "clear" (the zoo's models; ``SamPredictor.predict_torch``'s default):
     ``embed`` and ``decode`` compute SAM's outputs with RobustSAM's weights;
-  * "robust" (``clear=False``): ``embed`` also keeps the ViT's first
-    global-attention block output (``SamFeatures.interm_embeddings = (f32[E, E, D],)``)
-    and the decoder reads the robust output tokens and Fourier features.
+  * "robust" (``clear=False``): ``embed`` also runs the decoder's two
+    prompt-independent Fourier feature blocks on the ViT's first
+    global-attention block output and on the image embedding, once per image,
+    and keeps their sum (``SamFeatures.interm_embeddings = (f32[4E, 4E, C/8],)``,
+    `RobustMaskDecoder.encoder_features`); the decoder reads the robust output
+    tokens and those features.
 
 ``decode`` stays pure, vmappable and differentiable in the prompt coordinates
-on both paths; under ``vmap`` over prompt sets with unbatched features the
-prompt-independent encoder-feature blocks run once.
+on both paths.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
 
 from jaxseg_robust.models.base import FamilyRules, Transform
@@ -59,6 +62,7 @@ class RobustSamSegmenter(SamSegmenter):
                                  robust=cfg.robust)
 
     def _decoder_extra_inputs(self) -> tuple:
+        """A dummy early feature f32[E, E, D] (`RobustMaskDecoder.every_output` takes it at init)."""
         e = self.config.embedding_size
         return (jnp.zeros((e, e, self.config.vit_dim)),)
 
@@ -71,29 +75,32 @@ class RobustSamSegmenter(SamSegmenter):
 
         Returns:
           SamFeatures(image_embeddings f32[(B,) E, E, C]); on the robust path also
-          ``interm_embeddings=(f32[(B,) E, E, D],)``, the first global-attention
-          block output.
+          ``interm_embeddings=(f32[(B,) 4E, 4E, C/8],)``, the robust encoder
+          features (`RobustMaskDecoder.encoder_features` of the first
+          global-attention block output and the image embedding).
         """
         if not self.config.robust:
             return super().embed(params, model_input)
         x, single = self._batched_input(model_input)
         emb, interm = self.encode_image(params, x, collect_interm=True)
-        early = interm[0]
+        decoder = {"params": params["mask_decoder"]}
+        robust = jax.vmap(lambda e, f: self.mask_decoder.apply(
+            decoder, e, f, method=RobustMaskDecoder.encoder_features))(emb, interm[0])
         if single:
-            emb, early = emb[0], early[0]
-        return SamFeatures(image_embeddings=emb, interm_embeddings=(early,))
+            emb, robust = emb[0], robust[0]
+        return SamFeatures(image_embeddings=emb, interm_embeddings=(robust,))
 
-    def _early_feature(self, features: SamFeatures) -> jnp.ndarray | None:
-        """The early feature of one image on the robust path (ValueError if absent), else None."""
+    def _robust_features(self, features: SamFeatures) -> jnp.ndarray | None:
+        """The robust encoder features of one image on the robust path (ValueError if absent), else None."""
         if not self.config.robust:
             return None
         cfg = self.config
-        want = (cfg.embedding_size, cfg.embedding_size, cfg.vit_dim)
+        want = (cfg.low_res_size, cfg.low_res_size, cfg.prompt_embed_dim // 8)
         interm = features.interm_embeddings
         if not interm or tuple(interm[0].shape) != want:
             got = [tuple(a.shape) for a in interm] if interm else "nothing"
-            raise ValueError(f"features.interm_embeddings must start with the first global-attention "
-                             f"block output {list(want)} of one image (make features with "
+            raise ValueError(f"features.interm_embeddings must hold the robust encoder features "
+                             f"{list(want)} of one image (make features with "
                              f"RobustSamSegmenter.embed; vmap over batches); got {got}")
         return interm[0]
 
@@ -108,10 +115,10 @@ class RobustSamSegmenter(SamSegmenter):
           single-mask output, as SAM's.
         """
         emb = self._check_image_embeddings(features)
-        early = self._early_feature(features)
+        robust = self._robust_features(features)
         sparse, valid, dense = self.encode_prompts(params, prompts, transform)
         return self.mask_decoder.apply({"params": params["mask_decoder"]}, emb,
-                                       self.dense_pe(params), sparse, valid, dense, early)
+                                       self.dense_pe(params), sparse, valid, dense, robust)
 
 
 __all__ = ["RobustSamSegmenter"]
