@@ -86,16 +86,20 @@ def test_robust_path_batches_under_vmap_and_has_box_gradients(tiny):
     robust, _, params, x, transform = tiny
     features = robust.embed(params, x)
     prompts = jax.tree.map(lambda *a: jnp.stack(a), *[box_prompts(b) for b in BOXES])
-    batched = jax.jit(jax.vmap(lambda p: robust.decode(params, features, p, transform).logits))(prompts)
+
+    def logits(p):
+        return robust.decode(params, features, p, transform).logits
+
+    batched = jax.jit(jax.vmap(logits))(prompts)
+    one_set = jax.jit(logits)
     for i, box in enumerate(BOXES):
-        one = robust.decode(params, features, box_prompts(box), transform).logits
+        one = one_set(box_prompts(box))
         np.testing.assert_allclose(batched[i], one, rtol=0, atol=1e-4 * float(np.abs(one).max()))
 
     def mean_probability(box):
-        pred = robust.decode(params, features, box_prompts(BOXES[0]).replace(box=box), transform)
-        return jax.nn.sigmoid(pred.logits).mean()
+        return jax.nn.sigmoid(logits(box_prompts(BOXES[0]).replace(box=box))).mean()
 
-    grad = jax.grad(mean_probability)(jnp.asarray(BOXES[0]))
+    grad = jax.jit(jax.grad(mean_probability))(jnp.asarray(BOXES[0]))
     assert np.all(np.isfinite(grad)) and np.abs(grad).max() > 0
 
 
