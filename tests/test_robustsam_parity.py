@@ -19,7 +19,9 @@ predictor's and BREPS's, "robust": ``clear=False``):
 
 Tolerances (tests/sam_parity_utils.py): logits, embeddings and IoUs within 1e-4
 of their scale (max |value|; IoUs of scale at least 1), float32 summation
-order being the only expected difference; gradients within 1e-3 relative (L2).
+order being the only expected difference; gradients within 1e-3 relative (L2)
+on the clear path, 2e-3 on the robust path (the reference's own float32
+gradient is up to 1.04e-3 from float64 there, see `GRAD_RTOL_BY_PATH`).
 ViT-B runs by default (``-m parity``); ViT-L/H are also slow.
 """
 
@@ -61,6 +63,11 @@ VARIANTS = [
     pytest.param("vit_h", id="vit_h", marks=pytest.mark.slow),
 ]
 SEEDS = {"tiny": 40, "vit_b": 41, "vit_l": 42, "vit_h": 43}
+# The robust path's gradients run back through the FFT magnitude and phase of the mask features,
+# where the reference's own float32 result is up to 1.04e-3 (relative L2) from the same model in
+# float64 (ViT-H, box + points; ours: 5.6e-5 from it), docs/models/robustsam.md: its budget is
+# twice the clear path's.
+GRAD_RTOL_BY_PATH = {"clear": GRAD_RTOL, "robust": 2 * GRAD_RTOL}
 
 
 def config_of(variant: str):
@@ -254,7 +261,7 @@ def test_dice_gradients_wrt_prompt_coordinates(results, path, case):
     print(f"\nPARITY robustsam_{variant} {path} Dice gradient ({case}): rel_err={rel:.3g} "
           f"|grad|={np.linalg.norm(want):.3g} loss={loss_t:.6f}")
     assert abs(loss_o - loss_t) <= 1e-5
-    assert np.linalg.norm(want) > 0 and rel <= GRAD_RTOL
+    assert np.linalg.norm(want) > 0 and rel <= GRAD_RTOL_BY_PATH[path]
 
 
 @pytest.mark.parametrize("variant", ["vit_b", "vit_l", "vit_h"])
