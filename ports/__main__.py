@@ -13,8 +13,8 @@ import argparse
 import importlib
 import sys
 
-FAMILY_MODULES = ("sam", "mobile_sam", "sam_hq", "sam2", "sam2_hq", "clickability", "dense", "semseg", "upernet", "ritm",
-                  "simpleclick", "transalnet")
+FAMILY_MODULES = ("sam", "mobile_sam", "sam_hq", "robustsam", "sam2", "sam2_hq", "clickability", "dense", "semseg",
+                  "upernet", "ritm", "simpleclick", "transalnet")
 EXIT_OK, EXIT_FAILURE = 0, 2
 
 

@@ -275,16 +275,19 @@ def official_sam_shapes(config) -> dict[str, tuple[int, ...]]:
 # (family, a key only that family's official checkpoints have), most specific first.
 _FAMILY_MARKERS = (
     ("sam_hq", "mask_decoder.hf_token.weight"),
+    ("robustsam", "mask_decoder.custom_robust_token.weight"),
     ("mobile_sam", "image_encoder.patch_embed.seq.0.c.weight"),
     ("sam", "image_encoder.patch_embed.proj.weight"),
 )
-PORT_OF_FAMILY = {"sam": "sam", "mobile_sam": "mobile_sam", "sam_hq": "sam_hq"}
+PORT_OF_FAMILY = {"sam": "sam", "mobile_sam": "mobile_sam", "sam_hq": "sam_hq",
+                  "robustsam": "robustsam"}
 
 
 def guess_sam_family(state_dict: Mapping[str, np.ndarray]) -> tuple[str, str] | None:
     """(family, the key that says so) of a SAM-family state dict, or None.
 
-    "sam_hq" (an HQ decoder, ViT or TinyViT encoder), "mobile_sam" (a TinyViT
+    "sam_hq" (an HQ decoder, ViT or TinyViT encoder), "robustsam" (RobustSAM's
+    robust output tokens), "mobile_sam" (a TinyViT
     encoder with SAM's decoder) or "sam" (a ViT encoder with SAM's decoder).
     """
     for family, marker in _FAMILY_MARKERS:
@@ -307,7 +310,7 @@ def check_sam_family(state_dict: Mapping[str, np.ndarray], accepted: tuple[str, 
     if guess is not None and guess[0] not in accepted:
         family, marker = guess
         kind = {"sam_hq": "a SAM-HQ", "mobile_sam": "a MobileSAM",
-                "sam": "a SAM (ViT)"}[family]
+                "robustsam": "a RobustSAM", "sam": "a SAM (ViT)"}[family]
         raise PortError(f"{what}: key '{marker}' marks {kind} checkpoint, not one for "
                         f"`python -m ports {port}` (wrong family); convert it with "
                         f"`python -m ports {PORT_OF_FAMILY[family]}`")

@@ -144,8 +144,8 @@ class SamSegmenter(SegmenterBase):
                                                              *prompt_args)
             e, c = cfg.embedding_size, cfg.prompt_embed_dim
             grid = jnp.zeros((e, e, c))
-            return self.mask_decoder.init(key, grid, grid, sparse, valid, dense,
-                                          *self._decoder_extra_inputs())["params"]
+            return self._init_mask_decoder(key, grid, grid, sparse, valid, dense,
+                                           *self._decoder_extra_inputs())
 
         dec = jax.eval_shape(decoder_init, prompt)
         return {"image_encoder": img, "prompt_encoder": prompt, "mask_decoder": dec}
@@ -153,6 +153,10 @@ class SamSegmenter(SegmenterBase):
     def _decoder_extra_inputs(self) -> tuple:
         """Dummy inputs the mask decoder takes after the dense prompt (none for SAM)."""
         return ()
+
+    def _init_mask_decoder(self, key, *args) -> dict:
+        """The mask decoder's params from its ``init`` on dummy inputs ``args``."""
+        return self.mask_decoder.init(key, *args)["params"]
 
     def init(self, key) -> dict:
         """Random parameters of sensible scale (see `random_init.random_params`).
