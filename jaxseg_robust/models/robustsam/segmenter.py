@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jaxseg_robust.models.base import FamilyRules, Transform
 from jaxseg_robust.models.robustsam.config import RobustSamConfig
 from jaxseg_robust.models.robustsam.mask_decoder import RobustMaskDecoder
-from jaxseg_robust.models.sam.segmenter import SamFeatures, SamSegmenter
+from jaxseg_robust.models.sam.segmenter import SamFeatures, SamSegmenter, check_image_embeddings
 from jaxseg_robust.prompts.types import Prompts
 
 
@@ -114,7 +114,7 @@ class RobustSamSegmenter(SamSegmenter):
           (low_res f32[K, 4E, 4E] logits, iou f32[K]); candidate 0 is the
           single-mask output, as SAM's.
         """
-        emb = self._check_image_embeddings(features)
+        emb = check_image_embeddings(features.image_embeddings, self.config)
         robust = self._robust_features(features)
         sparse, valid, dense = self.encode_prompts(params, prompts, transform)
         return self.mask_decoder.apply({"params": params["mask_decoder"]}, emb,
