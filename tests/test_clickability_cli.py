@@ -152,9 +152,16 @@ def test_each_metric_equals_its_restatement_on_a_fixed_sample(toy):
             restated = _restated_map(name, toy["network"], image, gt)
             got = record["payload"]["metrics"][name]
             expected = _restated_metrics(restated, clicks, gt, task_key(SEED, (dataset, stem), name))
+            # UD and DT maps are exact, so every bootstrap sample is the run's. The network's map from the
+            # batched program differs from this single-instance restatement by float32 rounding (~1e-6), which
+            # now and then moves one sampled click of one set: the sampled metrics (PL1, WD: a click in 12 sets,
+            # measured 3.9e-4 relative; KS: one set of 12) get that much room, the map's own (NSS, PDE) none.
+            sampled = name == toy["network"]
             for metric in ("l1", "wasserstien", "nss", "pde"):
-                np.testing.assert_allclose(got[metric], expected[metric], rtol=2e-4, err_msg=f"{stem} {name} {metric}")
-            assert got["ks2d"] == pytest.approx(expected["ks2d"], abs=1e-6), (stem, name)
+                rtol = 1e-2 if sampled and metric in ("l1", "wasserstien") else 2e-4
+                np.testing.assert_allclose(got[metric], expected[metric], rtol=rtol, err_msg=f"{stem} {name} {metric}")
+            ks_room = 1 / NUM_SETS if sampled else 1e-6
+            assert got["ks2d"] == pytest.approx(expected["ks2d"], abs=ks_room), (stem, name)
 
 
 def test_resume_records_nothing_new_and_keeps_the_tables(toy):
