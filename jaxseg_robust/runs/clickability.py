@@ -21,7 +21,6 @@ instances (``clickability_<worst|best>_<dataset>_<id>.png``).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
@@ -152,9 +151,6 @@ class ClickabilitySpec(ProtocolSpec):
     def load_model(self, model: ModelSpec | None, instances: Sequence, mesh, say: Say) -> ClickabilityModels:
         """The real clicks (checked before any model is loaded), then the click models; ``model`` (the run
         spec's segmenter, None from the command line) is not used: this protocol runs no segmenter."""
-        if importlib.util.find_spec("scipy") is None:
-            raise RunError("the clickability evaluation needs scipy for its Wasserstein distances: "
-                           "pip install 'jaxseg_robust[rclicks]'")
         tasks = self.first_round_tasks(instances)
         say(f"{len(tasks)} of {len(instances)} instances have first-round clicks in {self.clicks_csv}")
         say(f"loading click models {', '.join(self.models)} ...")
