@@ -93,7 +93,7 @@ def test_host_side_and_device_side(capsys):
     program = BatchProgram(ToySegmenter(), jnp.float32(2.0), ToyProtocol(), announce=lines.append, timed=True)
     out = jax.device_get(program(pad_batch(INSTANCES[:2], (8, 8), 3)))
     np.testing.assert_allclose(out["total"], [2 * 6 * 7 * 3, 2 * 2 * 5 * 8 * 3, 2 * 6 * 7 * 3])
-    np.testing.assert_allclose(out["bias"][:, 0], [21, 16, 21])  # the placeholder slot repeats the first
+    np.testing.assert_allclose(out["bias"][:, 0], [21, 16, 21])  # the padding slot repeats the first
     assert out["width"].tolist() == [1, 1, 1] and out[TIMING_KEY]["batch_instances"].tolist() == [2, 2, 2]
     assert lines == ["compiling the toy program for bucket 8x8, batch 3 (first batch) ..."]
     program(pad_batch(INSTANCES[2:], (8, 8), 3))  # same bucket: no compile, no announcement
@@ -238,6 +238,6 @@ def test_a_host_driven_protocol_gets_the_timing_and_compile_events_of_the_one_pr
     timing = first[TIMING_KEY]
     assert timing["batch_instances"].tolist() == [2, 2] and np.all(timing["batch_seconds"] > 0)
     assert np.all(timing["batch_ended"] >= timing["batch_started"])
-    second = program(pad_batch(INSTANCES[2:], (8, 8), 2))  # same bucket, a placeholder slot: no compile
+    second = program(pad_batch(INSTANCES[2:], (8, 8), 2))  # same bucket, a padding slot: no compile
     assert program.compile_log.drain() == [] and second[TIMING_KEY]["batch_instances"].tolist() == [1, 1]
     assert program.protocol.square.traces == program.protocol.total.traces == 1

@@ -320,14 +320,10 @@ def summarize(step: str, log: str, rc: str, wall: str, cap: str, run_dir: str | 
 
 
 def cli_stats(run_dir: str, indent: str = "") -> int:
+    from jaxseg_robust.reports.artifacts import read_timing_lines  # noqa: PLC0415
+
     run = pathlib.Path(run_dir)
-    timings = []
-    for file in sorted(run.glob("timings*.jsonl")):
-        for line in file.read_text().splitlines():
-            try:
-                timings.append(json.loads(line))
-            except ValueError:
-                pass
+    timings = read_timing_lines(run)  # a line cut off by a kill is skipped, as the run's own summary does
     if timings:
         seconds = [float(t["seconds"]) for t in timings]
         batches = sorted({round(float(t["batch_seconds"]), 3) for t in timings})

@@ -25,7 +25,7 @@ It lives in the models layer so that the zoo's registration of the family
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -110,30 +110,39 @@ def _matmul(a, b):
     return jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
 
 
-@dataclasses.dataclass(frozen=True)
-class NetworkClickModel:
-    """The RClicks clickability network behind the benchmark wrapper (§3.6, second wrapper).
+class NetworkBackedClickModel:
+    """Base of the click models whose map comes from a linen network of their ``config``: the network
+    (``network_type(config)``, with ``variable_shapes`` and ``init_variables``), its variable shapes (zoo
+    protocol) and random variables. Subclasses declare ``network_type`` and the ``config`` field."""
 
-    Params are the network's variables ``{"params", "batch_stats", "buffers"}``
-    (`models.clickability.load_converted` or ``init``).
-    """
-
-    config: ClickabilityConfig = SEGNEXT_B
-    name: str = "clickability"
+    network_type: ClassVar[type]
 
     @property
-    def net(self) -> ClickabilityNet:
+    def net(self):
         """The linen network (static)."""
-        return ClickabilityNet(self.config)
+        return self.network_type(self.config)
 
     def param_shapes(self) -> dict:
         """ShapeDtypeStruct tree of the variables (zoo protocol)."""
         return self.net.variable_shapes()
 
     def init(self, key) -> dict:
-        """Random variables (torch default init), for tests and benchmarks."""
+        """Random variables (the network's own initialisers), for tests and benchmarks."""
         key = jax.random.PRNGKey(key) if isinstance(key, int) else key
         return self.net.init_variables(key)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkClickModel(NetworkBackedClickModel):
+    """The RClicks clickability network behind the benchmark wrapper (§3.6, second wrapper).
+
+    Params are the network's variables ``{"params", "batch_stats", "buffers"}``
+    (`models.clickability.load_converted` or ``init``).
+    """
+
+    network_type: ClassVar[type] = ClickabilityNet
+    config: ClickabilityConfig = SEGNEXT_B
+    name: str = "clickability"
 
     def prepare(self, image, gt, frame_hw) -> dict:
         """Letterboxed image and ``G``, and the interpolation matrices of one instance (host).

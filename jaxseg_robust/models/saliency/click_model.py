@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxseg_robust.models.clickability.click_model import check_frame
+from jaxseg_robust.models.clickability.click_model import NetworkBackedClickModel, check_frame
 from jaxseg_robust.models.saliency.config import TRANSALNET_RES, TranSalNetConfig
 from jaxseg_robust.models.saliency.network import TranSalNet
 
@@ -194,29 +194,16 @@ def sm_clickability(saliency_fn: Callable[[jax.Array], jax.Array], image: jax.Ar
 
 
 @dataclasses.dataclass(frozen=True)
-class SaliencyClickModel:
+class SaliencyClickModel(NetworkBackedClickModel):
     """TranSalNet behind RClicks' SM construction, a `ClickModel` of the simulated user.
 
     Params are the network's variables ``{"params", "batch_stats"}``
     (`jaxseg_robust.models.saliency.network.load_converted` or ``init``).
     """
 
+    network_type: ClassVar[type] = TranSalNet
     config: TranSalNetConfig = TRANSALNET_RES
     name: str = "saliency"
-
-    @property
-    def net(self) -> TranSalNet:
-        """The linen network (static)."""
-        return TranSalNet(self.config)
-
-    def param_shapes(self) -> dict:
-        """ShapeDtypeStruct tree of the variables (zoo protocol)."""
-        return self.net.variable_shapes()
-
-    def init(self, key) -> dict:
-        """Random variables (Flax default init), for tests and benchmarks."""
-        key = jax.random.PRNGKey(key) if isinstance(key, int) else key
-        return self.net.init_variables(key)
 
     def prepare(self, image, gt, frame_hw) -> dict:
         """The image in the frame and its size (host).
