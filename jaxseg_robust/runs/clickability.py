@@ -27,6 +27,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from jaxseg_robust.runs.loading import matched_first_round
 from jaxseg_robust.runs.protocol import ProtocolSpec, RunPlan, RunTables, Say
 from jaxseg_robust.runs.spec import ModelSpec, RunError
 
@@ -113,18 +114,9 @@ class ClickabilitySpec(ProtocolSpec):
           RunError: an unreadable or malformed CSV (the message names its line and column), or no instance
             with clicks.
         """
-        from jaxseg_robust.clicksim.clicks_csv import read_clicks_csv  # noqa: PLC0415
         from jaxseg_robust.clicksim.user_clicks import first_round_tasks  # noqa: PLC0415
 
-        try:
-            table = read_clicks_csv(self.clicks_csv)
-        except (ValueError, OSError) as error:
-            raise RunError(f"{{clicks_csv}}: {error}") from None
-        tasks = first_round_tasks(table, instances)
-        if not tasks:
-            raise RunError(f"{{clicks_csv}} {self.clicks_csv}: no first-round clicks match the instances "
-                           "(dataset names GrabCut/Berkeley/DAVIS/COCO/TETRIS, image stems, object codes)")
-        return tasks
+        return matched_first_round(self.clicks_csv, instances, first_round_tasks)
 
     def load_click_models(self, mesh) -> tuple:
         """Every model of ``models`` (`load_click_model`), parameters replicated over ``mesh``.

@@ -269,6 +269,26 @@ def resize_lines(instances: Sequence) -> list[str]:
     return lines
 
 
+def matched_first_round(clicks_csv, instances: Sequence, match: Callable):
+    """``match(table, instances)`` of the RClicks clicks CSV at ``clicks_csv``
+    (`jaxseg_robust.clicksim.user_clicks.first_round_clicks` or ``first_round_tasks``).
+
+    Raises:
+      RunError: naming ``{clicks_csv}``: the file cannot be read, or no first-round click matches an instance.
+    """
+    from jaxseg_robust.clicksim.clicks_csv import read_clicks_csv  # noqa: PLC0415
+
+    try:
+        table = read_clicks_csv(clicks_csv)
+    except (ValueError, OSError) as error:
+        raise RunError(f"{{clicks_csv}}: {error}") from None
+    matched = match(table, instances)
+    if not matched:
+        raise RunError(f"{{clicks_csv}} {clicks_csv}: no first-round clicks match the instances "
+                       "(dataset names GrabCut/Berkeley/DAVIS/COCO/TETRIS, image stems, object codes)")
+    return matched
+
+
 def dataset_names(instances: Sequence) -> list[str]:
     """Dataset names in first-seen order."""
     return list(dict.fromkeys(instance.dataset for instance in instances))

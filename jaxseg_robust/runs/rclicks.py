@@ -28,7 +28,7 @@ from typing import ClassVar
 import numpy as np
 
 from jaxseg_robust.runs.authors_predictor import ISEGM_CHOICES, with_authors_predictor
-from jaxseg_robust.runs.loading import LoadedModel, load_model, resolve_threshold
+from jaxseg_robust.runs.loading import LoadedModel, load_model, matched_first_round, resolve_threshold
 from jaxseg_robust.runs.protocol import ProtocolSpec, RunPlan, RunTables, Say
 from jaxseg_robust.runs.spec import ModelSpec, RunError
 
@@ -144,18 +144,9 @@ class RClicksSpec(ProtocolSpec):
         """
         if self.clicks_csv is None:
             return None
-        from jaxseg_robust.clicksim.clicks_csv import read_clicks_csv  # noqa: PLC0415
         from jaxseg_robust.clicksim.user_clicks import first_round_clicks  # noqa: PLC0415
 
-        try:
-            table = read_clicks_csv(self.clicks_csv)
-        except (ValueError, OSError) as error:
-            raise RunError(f"{{clicks_csv}}: {error}") from None
-        clicks = first_round_clicks(table, instances)
-        if not clicks:
-            raise RunError(f"{{clicks_csv}} {self.clicks_csv}: no first-round clicks match the instances "
-                           "(dataset names GrabCut/Berkeley/DAVIS/COCO/TETRIS, image stems, object codes)")
-        return clicks
+        return matched_first_round(self.clicks_csv, instances, first_round_clicks)
 
     def load_click_model(self):
         """The click model of ``clickability`` (`jaxseg_robust.clicksim.click_models.load_click_model`).
