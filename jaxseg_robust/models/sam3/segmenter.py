@@ -16,10 +16,12 @@ stride-1 level, the output selection with the dynamic stability fallback,
 the clamped low-res feedback):
 
 * the image encoder is `Sam3ImageEncoder` (ViT with RoPE + the SAM 2 neck);
-* preprocessing is ``Sam3Processor``'s: the uint8 image resized to S x S
-  without keeping the aspect ratio (antialiased bilinear **on uint8**, so the
-  result is rounded to integers), scaled to [0, 1], normalised with mean and
-  std 0.5;
+* preprocessing is ``Sam3Processor``'s on a GPU: the uint8 image resized to
+  S x S without keeping the aspect ratio by torchvision's ``v2.Resize``, which
+  on CUDA resizes in float32 (antialiased bilinear) and rounds back to uint8
+  (half to even), then scaled to [0, 1] and normalised with mean and std 0.5
+  (on the CPU torchvision runs its uint8 kernel instead, one level apart on
+  some pixels; docs/models/sam3.md);
 * the full-resolution logits are ``SAM3InteractiveImagePredictor``'s: holes
   of the low-res mask (8-connected components of logits <= 0 of at most
   ``max_hole_area`` pixels) are set to logit 10 before the bilinear resize
@@ -72,17 +74,17 @@ def fill_small_holes(low_res: jnp.ndarray, max_area: float) -> jnp.ndarray:
 
 
 def quantised_resize_host(image: np.ndarray, size: int) -> np.ndarray:
-    """torchvision ``v2.Resize((S, S))`` of a uint8 image (antialiased bilinear, rounded to uint8).
+    """torchvision ``v2.Resize((S, S))`` of a uint8 CUDA image: float32 antialiased bilinear, rounded.
 
     Args:
       image: [H, W, 3] on the 0..255 scale.
       size: S.
 
     Returns:
-      f32[S, S, 3] integer values in [0, 255] (rounded half up, as torch's uint8 kernel).
+      f32[S, S, 3] integer values in [0, 255] (``round_()``: half to even).
     """
     resized = resize_bilinear_antialias_host(np.asarray(image, np.float32), (size, size))
-    return np.clip(np.floor(resized + np.float32(0.5)), 0, 255).astype(np.float32)
+    return np.clip(np.rint(resized), 0, 255).astype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +121,7 @@ class Sam3Segmenter(Sam2Segmenter):
         return params
 
     def preprocess(self, image, *, frame_hw: tuple[int, int] | None = None):
-        """``Sam3Processor.set_image``: uint8 S x S resize, [0, 1] scaling, normalisation.
+        """``Sam3Processor.set_image``: S x S resize rounded to uint8, [0, 1] scaling, normalisation.
 
         Args:
           image: uint8[H, W, 3] RGB (float values on the 0..255 scale are accepted).
@@ -159,7 +161,7 @@ class Sam3Segmenter(Sam2Segmenter):
         cfg = self.config
         size = cfg.image_size
         resized = resize_bilinear_antialias(image, (size, size))
-        rounded = jnp.clip(jnp.floor(resized + 0.5), 0.0, 255.0)
+        rounded = jnp.clip(jnp.round(resized), 0.0, 255.0)
         resized = resized + jax.lax.stop_gradient(rounded - resized)
         return ((resized / 255.0 - jnp.asarray(cfg.pixel_mean, resized.dtype))
                 / jnp.asarray(cfg.pixel_std, resized.dtype))
