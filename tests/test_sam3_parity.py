@@ -49,6 +49,7 @@ from sam_parity_utils import (GRAD_RTOL, LOGIT_RTOL, dice, load_image_and_target
 from jaxseg_robust.models.sam3.config import TEST_CONFIG  # noqa: E402
 from jaxseg_robust.models.sam3.segmenter import Sam3Segmenter  # noqa: E402
 from jaxseg_robust.prompts.types import make_prompts  # noqa: E402
+from ports.keytable import PortError  # noqa: E402
 from ports.sam3 import convert_sam3  # noqa: E402
 from ports.torch_checkpoint import load_state_dict  # noqa: E402
 
@@ -213,3 +214,28 @@ def test_dice_gradients_wrt_prompt_coordinates(results, case):
           f"|grad|={np.linalg.norm(want):.3g} loss={loss_t:.6f}")
     assert abs(loss_o - loss_t) <= 1e-5
     assert np.linalg.norm(want) > 0 and rel <= GRAD_RTOL
+
+
+def _official_numpy(results) -> dict:
+    return {k: v.numpy() for k, v in official_state_dict(results["model"]).items()}
+
+
+def test_port_names_an_unknown_key(results):
+    state = {**_official_numpy(results), "tracker.sam_mask_decoder.extra.weight": np.zeros((2,), np.float32)}
+    with pytest.raises(PortError, match="tracker.sam_mask_decoder.extra.weight"):
+        convert_sam3(state, TEST_CONFIG)
+
+
+def test_port_names_a_missing_key(results):
+    state = _official_numpy(results)
+    del state["tracker.no_mem_embed"]
+    with pytest.raises(PortError, match="no_mem_embed"):
+        convert_sam3(state, TEST_CONFIG)
+
+
+def test_port_checks_the_rope_tables_against_the_config(results):
+    state = _official_numpy(results)
+    key = "detector.backbone.vision_backbone.trunk.blocks.0.attn.freqs_cis"
+    state[key] = np.conj(state[key])
+    with pytest.raises(PortError, match=r"trunk\.blocks\.0\.attn\.freqs_cis"):
+        convert_sam3(state, TEST_CONFIG)
