@@ -290,3 +290,40 @@ def test_rclicks_rounds_match_the_authors_wrapper_loop(results, request):
         lines.append(f"round {r + 1}: IoU {iou:.6f} vs {iou_t:.6f}, max |dprob| {err:.3g}")
         assert err <= 1e-4 and abs(iou - iou_t) <= 1e-3
     print("\nPARITY sam3_tiny RClicks rounds (5 clicks): " + "; ".join(lines))
+
+
+@pytest.mark.slow
+def test_the_released_layout_converts_strictly():
+    """The builders' full-size interactive path (``_create_vision_backbone`` with the SAM 2 neck,
+    ``build_tracker``) under ``sam3.pt``'s prefixes converts into `OFFICIAL_CONFIG`: every key used
+    or skipped by name, every parameter filled with its shape, and the 32 RoPE tables the authors'
+    code computes (windows 24 x 24, global blocks 72 x 72 at scale 1/3) equal to ours.
+
+    ``PositionEmbeddingSine``'s cache of precomputed encodings is switched off: the builders fill it
+    on CUDA, and it holds no parameter or buffer.
+    """
+    from jaxseg_robust.models.sam3.config import OFFICIAL_CONFIG  # noqa: PLC0415
+
+    ref = pytest.importorskip("sam3_reference").import_reference()
+    builder = ref.model_builder
+    original = builder.PositionEmbeddingSine
+
+    class Uncached(original):
+        def __init__(self, *args, precompute_resolution=None, **kwargs):
+            super().__init__(*args, precompute_resolution=None, **kwargs)
+
+    builder.PositionEmbeddingSine = Uncached
+    try:
+        vision = builder._create_vision_backbone()
+        tracker = builder.build_tracker(apply_temporal_disambiguation=False)
+    finally:
+        builder.PositionEmbeddingSine = original
+    state = {**{"detector.backbone.vision_backbone." + k: v.detach().numpy()
+                for k, v in vision.state_dict().items()},
+             **{"tracker." + k: v.detach().numpy() for k, v in tracker.state_dict().items()}}
+    assert sum(1 for k in state if k.endswith("freqs_cis")) == 32
+    params, skipped = convert_sam3(state, OFFICIAL_CONFIG)
+    assert {k: len(v) for k, v in skipped.items()} == {
+        "detector neck": 22, "SAM 2 neck level 0.5 (dropped: scalp = 1)": 4, "tracker video memory": 160}
+    np.testing.assert_array_equal(params["no_mem_embed"], state["tracker.no_mem_embed"].reshape(-1))
+    assert params["image_encoder"]["trunk"]["pos_embed"].shape == (1 + 24 * 24, 1024)
