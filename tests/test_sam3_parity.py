@@ -161,7 +161,8 @@ def results(request, tmp_path_factory):
     ours, seg, features = jax_side(params, image, target, ref_out)
     high = [np.asarray(h) for h in features.high_res_feats]
     return dict(source=source, ref=ref_out, ours=ours, model=model, reloaded=reloaded,
-                printed=printed.getvalue(), skipped=skipped, high=high, seg=seg, params=params)
+                printed=printed.getvalue(), skipped=skipped, high=high, seg=seg, params=params,
+                ckpt=ckpt)
 
 
 def test_the_authors_loader_reads_the_written_checkpoint(results):
@@ -218,6 +219,16 @@ def test_dice_gradients_wrt_prompt_coordinates(results, case):
 
 def _official_numpy(results) -> dict:
     return {k: v.numpy() for k, v in official_state_dict(results["model"]).items()}
+
+
+def test_the_command_refuses_a_checkpoint_of_another_size_in_one_line(results, tmp_path, capsys):
+    from ports.__main__ import main as ports_main  # noqa: PLC0415
+
+    code = ports_main(["sam3", "--checkpoint", str(results["ckpt"]), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "trunk.blocks.0.attn.freqs_cis" in err and str(results["ckpt"]) in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_port_names_an_unknown_key(results):
