@@ -27,7 +27,6 @@ from jaxseg_robust.models.sam.config import MaskDecoderConfig, named_compute_dty
 PIXEL_MEAN = (0.5, 0.5, 0.5)
 PIXEL_STD = (0.5, 0.5, 0.5)
 NECK_SCALES = (4.0, 2.0, 1.0)  # the sam2_convs levels kept (0.5 is dropped by scalp = 1)
-NECK_LEVELS = 4  # sam2_convs.0..3 in the checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +110,7 @@ class Sam3Config:
     Attributes:
       encoder: the ViT trunk.
       family: model family stored with converted weights ("sam3").
-      variant: "vit_l" for the released model, "test" for the tiny one.
+      variant: "sam3" for the released model, "test" for the tiny one.
       d_model: neck channels = prompt embedding channels (256).
       mask_in_chans: hidden channels of the mask-input downscaling (16).
       decoder: the two-way transformer and heads (SAM's `MaskDecoderConfig`;
@@ -209,8 +208,8 @@ def with_compute_dtype(config: Sam3Config, compute_dtype: str) -> Sam3Config:
 
 
 # The released model (sam3.pt; model_builder._create_vit_backbone / build_tracker).
-VIT_L = Sam3VitConfig()
-OFFICIAL_CONFIG = Sam3Config(encoder=VIT_L, variant="vit_l")
+VIT_RELEASED = Sam3VitConfig()
+OFFICIAL_CONFIG = Sam3Config(encoder=VIT_RELEASED, variant="sam3")
 # A tiny random-weight SAM 3 (112 px input, 8 x 8 grid, 32 x 32 low-res logits) for fast tests.
 # It keeps every code path of the released model and two it does not take: zero-padded windows
 # (window 3 over the 8 x 8 grid) and a cropped tile of the position table (3 x 3 tiled 3 times,
@@ -221,4 +220,4 @@ VIT_TEST = Sam3VitConfig(img_size=112, patch_size=14, embed_dim=32, depth=3, num
 TEST_CONFIG = Sam3Config(encoder=VIT_TEST, variant="test", d_model=32)
 
 __all__ = ["Sam3VitConfig", "Sam3Config", "with_compute_dtype", "OFFICIAL_CONFIG", "TEST_CONFIG",
-           "VIT_L", "VIT_TEST", "PIXEL_MEAN", "PIXEL_STD", "NECK_SCALES", "NECK_LEVELS"]
+           "VIT_RELEASED", "VIT_TEST", "PIXEL_MEAN", "PIXEL_STD", "NECK_SCALES"]

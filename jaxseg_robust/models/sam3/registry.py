@@ -35,8 +35,8 @@ zoo.register_family(zoo.FamilySpec(
     predictor=make_predictor,
 ))
 zoo.register_model(MODEL_NAME, FAMILY, OFFICIAL_CONFIG, checkpoint_hint="sam3.pt",
-                   description="SAM 3 interactive image model (SAM-1 task: ViT-L/14 with RoPE at "
-                               "1008 px, SAM 2 heads)")
+                   description="SAM 3 interactive image model (SAM-1 task: ViT of width 1024, "
+                               "32 blocks, patch 14, RoPE, 1008 px; SAM 2 heads)")
 zoo.register_model(TEST_MODEL_NAME, FAMILY, TEST_CONFIG,
                    checkpoint_hint="<none: random-weight test model, use zoo.init>",
                    description="tiny random-weight SAM 3 for tests (112 px input)")
