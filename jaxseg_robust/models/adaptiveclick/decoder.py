@@ -190,7 +190,7 @@ class ClickAwareDecoder(nn.Module):
         c, heads, nq = cfg.hidden_dim, cfg.num_heads_decoder, cfg.num_queries
         b = mask_features.shape[0]
         dtype = mask_features.dtype
-        level_embed = self.param("level_embed", nn.initializers.zeros, (len(levels), c))  # Embedding.weight
+        level_embed = self._embedding("level_embed", len(levels), c)
         sizes = [tuple(int(v) for v in x.shape[-3:-1]) for x in levels]
         pos = [jnp.asarray(sine_position_embedding(hw, c // 2)).reshape(1, -1, c).astype(dtype) for hw in sizes]
         src = [x.reshape(b, -1, c) + level_embed[i].astype(dtype) for i, x in enumerate(levels)]
