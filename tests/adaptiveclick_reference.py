@@ -69,3 +69,111 @@ def seeded_checkpoint(variant: str, seed: int, path: str):
     ir.randomize_(model, seed)
     ir.save_isegm_checkpoint(model, path)
     return model
+
+
+# AdaptiveClick's click patches enter the ViT added to the image's patch embedding, as SimpleClick's:
+# the disk channels x 256 (isegm_reference.SIMPLECLICK_CLICK_GAIN) make a random network follow its clicks.
+CLICK_GAIN = 256.0
+NEAR_PX = 40
+
+
+def authors_forward_from_maps(model, x, maps):
+    """``AdaptiveClickModel.forward`` from the click maps f[1, C, h, w] on (the authors' disks are not
+    differentiable): the forward's own lines with ``get_coord_features`` replaced by ``maps``."""
+    image, _ = model.prepare_input(x)
+    click_aware_features = maps[:, 1]
+    coord_features = model.patch_embed_coords(maps)
+    backbone_features = model.backbone.forward_backbone(image, coord_features, shuffle=model.random_split)
+    mask_features, _, multi_scale_features = model.pixel_decoder(backbone_features,
+                                                                 model.backbone.patch_embed.grid_size)
+    predictions = model.click_aware_decoder(multi_scale_features, mask_features, click_aware_features)
+    return model.segment_inference(predictions, image.size())
+
+
+def _centre_click_logits(model, image, target: int, click: bool):
+    """``model(...)["instances"]`` [target, target] of the image resized to the target, no previous
+    mask, one positive click at the centre (or none)."""
+    import torch  # noqa: PLC0415
+
+    x = torch.from_numpy(image.copy()).permute(2, 0, 1)[None].float() / 255
+    x = torch.nn.functional.interpolate(x, size=(target, target), mode="bilinear", align_corners=True)
+    x = torch.cat([x, torch.zeros_like(x[:, :1])], 1)
+    centre = [target // 2, target // 2, 0] if click else [-1, -1, -1]
+    with torch.no_grad():
+        return model(x, torch.tensor([[centre, [-1, -1, -1]]], dtype=torch.float32))["instances"][0, 0]
+
+
+def sharpen_clicks_(model, image, target: int) -> None:
+    """Makes a random network follow its clicks (so the NoC loop's zoom-in moves): the disk channels of
+    the click patch embedding x `CLICK_GAIN`, and the mask features negated (``mask_features`` conv)
+    when a centre click lowers the logits near it more than elsewhere."""
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    with torch.no_grad():
+        model.patch_embed_coords.proj.weight[:, 1:].mul_(CLICK_GAIN)
+        moved = _centre_click_logits(model, image, target, True) - _centre_click_logits(model, image, target, False)
+        rows, cols = np.ogrid[:target, :target]
+        near = torch.from_numpy((rows - target // 2) ** 2 + (cols - target // 2) ** 2 < NEAR_PX ** 2)
+        if float(moved[near].mean()) < float(moved[~near].mean()):
+            model.pixel_decoder.mask_features.weight.neg_()
+            model.pixel_decoder.mask_features.bias.neg_()
+
+
+def torch_logits_side(seed: int, inputs: list, ckpt: str) -> dict:
+    """Spawned: the tiny model with seeded weights saved to ``ckpt``; ``model(x, points)["instances"]``
+    f32[h, w] of every input (name, image uint8[h, w, 3], clicks (row, col, positive), prev f32[h, w])."""
+    import torch  # noqa: PLC0415
+
+    model = seeded_checkpoint("tiny", seed, ckpt)
+    out = {}
+    for name, image, clicks, prev in inputs:
+        x = torch.cat([torch.from_numpy(image.copy()).permute(2, 0, 1)[None].float() / 255,
+                       torch.from_numpy(prev)[None, None]], 1)
+        with torch.no_grad():
+            out[name] = model(x, ir.points_tensor(clicks))["instances"][0, 0].numpy().copy()
+    return out
+
+
+def torch_grad_side(seed: int, cases: list, ckpt: str) -> dict:
+    """Spawned: dL/dmaps f64[C, h, w] of L = sum(logits * weights) for every case (name, image,
+    prev f32[h, w], maps f32[C, h, w], weights f32[h, w]), float32, through `authors_forward_from_maps`."""
+    import torch  # noqa: PLC0415
+
+    model = seeded_checkpoint("tiny", seed, ckpt)
+    out = {}
+    for name, image, prev, maps, weights in cases:
+        x = torch.cat([torch.from_numpy(image.copy()).permute(2, 0, 1)[None].float() / 255,
+                       torch.from_numpy(prev)[None, None]], 1)
+        m = torch.from_numpy(maps)[None].requires_grad_(True)
+        loss = (authors_forward_from_maps(model, x, m)[0, 0] * torch.from_numpy(weights)).sum()
+        (grad,) = torch.autograd.grad(loss, m)
+        out[name] = grad[0].double().numpy().copy()
+    return out
+
+
+def torch_noc_side(seed: int, image, gt, target: int, n_clicks: int, ckpt: str) -> dict:
+    """Spawned: the authors' ``evaluate_sample`` (no early stop) with the predictor their
+    ``scripts/evaluate_model.py`` builds (NoBRS, flip, zoom-in ``target`` from the first click,
+    position embedding re-interpolated to it) on the tiny model with seeded, sharpened weights."""
+    import numpy as np  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    from isegm.inference.evaluation import evaluate_sample  # noqa: PLC0415
+    from isegm.inference.predictors import get_predictor  # noqa: PLC0415
+    from isegm.model.modeling.pos_embed import interpolate_pos_embed_inference  # noqa: PLC0415
+
+    model = build_adaptiveclick("tiny")
+    ir.randomize_(model, seed)
+    trained_pos_embed = model.backbone.pos_embed.detach().clone()
+    interpolate_pos_embed_inference(model.backbone, (target, target), "cpu")
+    sharpen_clicks_(model, image, target)
+    # the checkpoint keeps the trained (224 px) position embedding, as a released one does
+    state = {**model.state_dict(), "backbone.pos_embed": trained_pos_embed}
+    torch.save({"state_dict": state, "config": model._config}, ckpt)
+    predictor = get_predictor(model, "NoBRS", "cpu", prob_thresh=0.49,
+                              zoom_in_params={"skip_clicks": -1, "target_size": (target, target)})
+    clicks, ious, probs = evaluate_sample(image, gt.astype(np.int32), predictor, max_iou_thr=1.01,
+                                          pred_thr=0.49, max_clicks=n_clicks)
+    return {"clicks": np.array([[int(c.coords[0]), int(c.coords[1]), int(c.is_positive)] for c in clicks]),
+            "ious": np.asarray(ious, np.float64), "probs": np.asarray(probs, np.float32)}
