@@ -159,6 +159,8 @@ def torch_noc_side(seed: int, image, gt, target: int, n_clicks: int, ckpt: str) 
     import numpy as np  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
+
+    ir.import_reference(KIND)
     from isegm.inference.evaluation import evaluate_sample  # noqa: PLC0415
     from isegm.inference.predictors import get_predictor  # noqa: PLC0415
     from isegm.model.modeling.pos_embed import interpolate_pos_embed_inference  # noqa: PLC0415
