@@ -113,7 +113,7 @@ def rclicks_options(family: str, dataset: str | None = None) -> IsegmOptions:
     """The predictor the RClicks authors evaluate each family with (docs/protocols/rclicks.md §5.4).
 
     Their scripts build isegm's predictor with flip averaging and a zoom-in for
-    every family; SimpleClick as `authors_options` (448 x 448, 672 x 672 on
+    every family; SimpleClick and AdaptiveClick as `authors_options` (448 x 448, 672 x 672 on
     DAVIS); CFR-ICL with ``--cf-n=1`` and no ``--acf``: two cascade passes at
     the first click, not adaptive; RITM in its ``cvpr`` mode, whose
     aspect-preserving crops (and native-size first click) have data-dependent
@@ -121,7 +121,7 @@ def rclicks_options(family: str, dataset: str | None = None) -> IsegmOptions:
     stands in for it, as in `authors_options`.
 
     Args:
-      family: "ritm", "simpleclick" or "cfr_icl".
+      family: "ritm", "simpleclick", "cfr_icl" or "adaptiveclick".
       dataset: a dataset name; "DAVIS" selects the larger zoom size.
     """
     options = authors_options(family, dataset)
