@@ -91,7 +91,7 @@ def test_zoo_names_and_the_family_rules():
 
 
 def test_input_sides_must_be_multiples_of_32():
-    with pytest.raises(ValueError, match=r"AdaptiveClick \(tiny\) needs input sides that are multiples of 32; got 48x64"):
+    with pytest.raises(ValueError, match=r"AdaptiveClick \(tiny\) needs input sides that are positive multiples of 32; got 48x64"):
         TINY.input_grid((48, 64))
     assert TINY.input_grid((64, 96)) == (4, 6)
 

@@ -85,3 +85,20 @@ def test_box_protocols_refuse_adaptiveclick(folder, argv):
     code, _, stderr = run_captured([*argv, "--model", MODEL, *data, "--out", str(root / ("refused_" + argv[0]))])
     assert code == 2
     assert MODEL in stderr and "clicks only" in stderr
+
+
+def test_whole_frame_grid_names_the_size_the_network_refuses(tmp_path):
+    """40 x 48 images (cli_helpers' folder) are no multiples of 32: every instance fails with the model's
+    reason (not a retrace error from the second instance on), and the command exits with code 2."""
+    from cli_helpers import GOOD, folder_flags, make_folder  # noqa: PLC0415
+
+    folder = make_folder(tmp_path, bad=False)
+    out = tmp_path / "run"
+    code, stdout, _ = run_captured(["grid", "--kind", "click", "--stride", "16", "--model", MODEL,
+                                    *folder_flags(folder), "--out", str(out), "--progress", "none"])
+    assert code == 2
+    _, failed, _ = records_by_status(out)
+    assert set(failed) == set(GOOD)
+    for name in GOOD:
+        line = next(line for line in stdout.splitlines() if f"failed toy/{name}:" in line)
+        assert "AdaptiveClick (tiny) needs input sides that are positive multiples of 32; got 40x48" in line

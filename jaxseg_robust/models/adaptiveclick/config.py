@@ -111,13 +111,14 @@ class AdaptiveClickConfig:
         return 1
 
     def input_grid(self, hw: tuple[int, int]) -> tuple[int, int]:
-        """Patch grid of an (h, w) input (`SimpleClickConfig.input_grid`); the grid sides must also be
-        even (the stride-32 level is a 2x2 stride-2 conv of the grid)."""
-        grid = self.vit.input_grid(hw)
-        if grid[0] % 2 or grid[1] % 2:
-            raise ValueError(f"AdaptiveClick ({self.variant}) needs input sides that are multiples of "
-                             f"{2 * self.patch_size}; got {int(hw[0])}x{int(hw[1])}")
-        return grid
+        """Patch grid of an (h, w) input; ValueError unless the sides are multiples of twice the patch (the
+        stride-32 level is a 2x2 stride-2 conv of the grid) and the grid splits into the ViT's windows
+        (`SimpleClickConfig.input_grid`)."""
+        h, w, side = int(hw[0]), int(hw[1]), 2 * self.patch_size
+        if h % side or w % side or h < side or w < side:
+            raise ValueError(f"AdaptiveClick ({self.variant}) needs input sides that are positive multiples of "
+                             f"{side}; got {h}x{w} (use the zoom-in, which resizes to a fixed size such as 448x448)")
+        return self.vit.input_grid(hw)
 
     def to_dict(self) -> dict:
         """JSON form (``config.json`` of a converted model)."""
