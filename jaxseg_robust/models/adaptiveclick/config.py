@@ -84,7 +84,7 @@ class AdaptiveClickConfig:
         if self.hidden_dim % self.num_heads_decoder:
             raise ValueError(f"AdaptiveClick ({self.variant}): hidden_dim {self.hidden_dim} is not divisible by "
                              f"{self.num_heads_decoder} heads")
-        self.vit  # noqa: B018 - SimpleClickConfig checks the ViT's depth
+        _ = self.vit  # building the backbone's SimpleClickConfig checks its depth (a multiple of 4)
 
     @property
     def vit(self) -> SimpleClickConfig:
