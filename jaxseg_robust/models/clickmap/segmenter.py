@@ -31,7 +31,7 @@ Conventions of this family (the Segmenter contract's family-specific parts):
   `jaxseg_robust.models.base.interactive_step` calls), and with a zoom-in its
   ``frame_policy`` is ``"any"`` for those protocols.
 * ``rules``: the family's `models.base.FamilyRules`, computed from the fields
-  (``family`` "ritm", "simpleclick" or, where the converted config says
+  (``family`` "ritm", "simpleclick", "adaptiveclick" or, where the converted config says
   ``cfr_icl``, "cfr_icl"; docs/ARCHITECTURE.md, "The Segmenter seam"). ``decode`` itself is
   unchanged (the network on the whole frame). None (default): protocols feed
   ``feedback`` back through ``decode`` as before.
@@ -140,8 +140,8 @@ class ClickMapSegmenter(SegmenterBase):
 
     @property
     def predictor_family(self) -> str:
-        """The family whose authors' predictor runs these weights: "ritm", "simpleclick" or "cfr_icl"
-        (recorded in the converted model's config, `SimpleClickConfig.cfr_icl`)."""
+        """The family whose authors' predictor runs these weights: "ritm", "simpleclick", "cfr_icl" (recorded in
+        the converted model's config, `SimpleClickConfig.cfr_icl`) or "adaptiveclick"."""
         return self.config.predictor_family
 
     @property
