@@ -5,7 +5,9 @@ The authors save ``{"state_dict": net.state_dict(), "config": net._config}``
 as recorded by isegm's ``@serialize``: ``{"class": "isegm.model....HRNetModel",
 "params": {name: {"type": "builtin" | "class", "value": ..., "specified": bool}}}``.
 RITM's values are plain data; SimpleClick's ``head_params`` also holds a
-pickled library object (``loss_decode=CrossEntropyLoss()``, an ``nn.Module``).
+pickled library object (``loss_decode=CrossEntropyLoss()``, an ``nn.Module``);
+AdaptiveClick's one ``cfg`` is an ``easydict.EasyDict`` holding ``pathlib``
+paths and a ``torch.device``.
 
 `load_isegm_checkpoint` reads such a file with ``torch.load`` and a
 restricted unpickler (`restricted_pickle`):
@@ -14,9 +16,11 @@ restricted unpickler (`restricted_pickle`):
   ``weights_only`` loader), ``collections.OrderedDict``, ``builtins.set`` and
   numpy scalars are resolved to the real, side-effect-free objects;
 * globals of the authors' libraries (``isegm.*``, ``torch.nn.*``, ``mmcv.*``,
-  ``mmseg.*``, ``easydict.*``) become inert `OpaqueObject` stand-ins: calling
-  or instantiating one only records its arguments and state, nothing of
-  theirs is imported or run;
+  ``mmseg.*``, ``easydict.*``, ``fvcore.*``, ``yacs.*``) and ``pathlib``'s path
+  classes become inert `OpaqueObject` stand-ins: calling or instantiating one
+  only records its arguments, state and items (a dict subclass such as
+  ``EasyDict`` pickles its items; `opaque_mapping` reads them back as a plain
+  dict), nothing of theirs is imported or run;
 * any other global (``os.system``, ``builtins.eval``, ...) is refused with
   `UnsafeCheckpointError` naming it: such a checkpoint would need code
   execution.
@@ -39,7 +43,8 @@ import numpy as np
 from ports.keytable import PortError, Rule, conv, linear
 
 # Module prefixes whose objects may appear in a config as inert stand-ins.
-INERT_PREFIXES = ("isegm.", "torch.nn.", "mmcv.", "mmseg.", "easydict.")
+INERT_PREFIXES = ("isegm.", "torch.nn.", "mmcv.", "mmseg.", "easydict.", "fvcore.", "yacs.", "pathlib.")
+INERT_MODULES = ("isegm", "easydict", "pathlib")
 # Plain, side-effect-free constructors resolved to the real objects.
 _PLAIN_GLOBALS = {
     ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
@@ -60,6 +65,7 @@ class OpaqueObject:
       qualname: "module.name" of the pickled global.
       args: positional arguments it was called with (REDUCE / NEWOBJ), if any.
       state: the state the pickle set on it (BUILD), if any.
+      mapping: the items the pickle set on it (SETITEMS of a pickled dict subclass), if any.
     """
 
     qualname = "<opaque>"
@@ -68,9 +74,14 @@ class OpaqueObject:
         self.args = args
         self.kwargs = kwargs
         self.state = None
+        self.mapping = {}
 
     def __setstate__(self, state):
         self.state = state
+
+    def __setitem__(self, key, value):
+        """A pickled dict subclass's items (SETITEMS) are recorded, not interpreted."""
+        self.mapping[key] = value
 
     def __repr__(self) -> str:
         return f"OpaqueObject({self.qualname})"
@@ -78,8 +89,14 @@ class OpaqueObject:
 
 def _opaque_class(qualname: str) -> type:
     """A fresh `OpaqueObject` subclass recording ``qualname`` (nothing is imported)."""
-    return type("Opaque", (OpaqueObject,), {"qualname": qualname,
-                                             "__new__": lambda cls, *a, **k: object.__new__(cls)})
+    return type("Opaque", (OpaqueObject,), {"qualname": qualname, "__new__": _new_opaque})
+
+
+def _new_opaque(cls, *args, **kwargs):
+    """``cls.__new__`` of a stand-in: an empty record (pickle's NEWOBJ does not call ``__init__``)."""
+    obj = object.__new__(cls)
+    OpaqueObject.__init__(obj, *args, **kwargs)
+    return obj
 
 
 def _torch_allowed_globals() -> dict:
@@ -113,7 +130,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             return RestrictedUnpickler._torch_globals[qualname]
         if (module, name) in _PLAIN_GLOBALS:
             return super().find_class(module, name)
-        if module.startswith(INERT_PREFIXES) or module in ("isegm", "easydict"):
+        if module.startswith(INERT_PREFIXES) or module in INERT_MODULES:
             return _opaque_class(qualname)
         raise UnsafeCheckpointError(
             f"the checkpoint's pickle refers to '{qualname}', which is not on the allow-list of "
@@ -195,6 +212,18 @@ def _plain_config(config: Any, path: str) -> dict:
             raise PortError(f"{path}: config parameter '{name}' has no 'value'")
         params[str(name)] = entry["value"]
     return {"class": str(config["class"]), "params": params}
+
+
+def opaque_mapping(value: Any) -> Any:
+    """A config value with its pickled dict subclasses (`OpaqueObject` with items, e.g. ``EasyDict``)
+    turned into plain dicts, recursively; other stand-ins and plain values as they are."""
+    if isinstance(value, OpaqueObject) and value.mapping:
+        return {k: opaque_mapping(v) for k, v in value.mapping.items()}
+    if isinstance(value, Mapping):
+        return {k: opaque_mapping(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(opaque_mapping(v) for v in value)
+    return value
 
 
 def require_model_class(config: dict, expected: str, family: str, other_families: str, *, what: str) -> None:

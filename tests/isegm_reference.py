@@ -37,7 +37,7 @@ import types
 import numpy as np
 
 REPO_ENV = {"ritm": "JAXSEG_RITM_REPO", "simpleclick": "JAXSEG_SIMPLECLICK_REPO",
-            "cfricl": "JAXSEG_CFRICL_REPO"}
+            "cfricl": "JAXSEG_CFRICL_REPO", "adaptiveclick": "JAXSEG_ADAPTIVECLICK_REPO"}
 
 
 def repo_path(kind: str) -> pathlib.Path | None:

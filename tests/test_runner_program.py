@@ -208,6 +208,21 @@ def test_a_compiled_function_compiles_once_per_signature_and_refuses_a_bucket_co
         function(jnp.ones(3, jnp.int32))
 
 
+def test_a_failed_trace_leaves_its_bucket_free():
+    """A program whose trace raises (a model refusing a frame size) gives the same error at every try, not a
+    RetraceError from the second on."""
+    def refuse_odd(x):
+        if x.shape[0] % 2:
+            raise ValueError(f"odd size {x.shape[0]}")
+        return x * 2
+
+    function = CompiledFunction("even", refuse_odd, bucket=lambda args: (np.shape(args[0]),))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="odd size 3"):
+            function(jnp.ones(3))
+    np.testing.assert_array_equal(function(jnp.ones(2)), [2.0, 2.0])
+
+
 @dataclasses.dataclass
 class SummingProtocol:
     """A host-driven protocol: two compiled programs with a host decision between them."""

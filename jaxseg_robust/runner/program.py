@@ -336,14 +336,16 @@ class CompiledFunction:
         self.traces += 1  # runs once per trace
         return self.fn(*args)
 
-    def _check_bucket(self, args, key, precision) -> None:
+    def _check_bucket(self, args, key, precision):
+        """The bucket of ``args`` (recorded by `compiled` once its program compiled: a failed trace, say of an
+        image size the model refuses, leaves the bucket free and the next instance gets the same error)."""
         bucket = self.bucket(args)
         if (bucket, precision) in self._buckets:
             old = self._buckets[bucket, precision]
             changed = [i for i, (a, b) in enumerate(zip(old, key)) if a != b] if len(old) == len(key) else "count"
             raise RetraceError(f"the {self.name} of bucket {bucket[0]} was compiled twice: the per-batch "
                                f"arguments changed (leaves {changed}); host inputs must have one shape per bucket")
-        self._buckets[bucket, precision] = key
+        return bucket
 
     def compiled(self, args, before_compile: Callable[[], None] | None = None):
         """The executable for ``args``' signature, traced, lowered and compiled the first time (and timed).
@@ -361,12 +363,13 @@ class CompiledFunction:
         self.last_compile_seconds, self.last_from_cache = 0.0, False
         if key in self._executables:
             return self._executables[key]
-        if self.bucket is not None:
-            self._check_bucket(args, signature, precision)
+        bucket = None if self.bucket is None else self._check_bucket(args, signature, precision)
         if before_compile is not None:
             before_compile()
         traces, hits, start = self.traces, cache_hits(), time.perf_counter()
         executable = self._executables[key] = self.jitted.lower(*args).compile()
+        if bucket is not None:
+            self._buckets[bucket, precision] = signature
         self.last_compile_seconds = time.perf_counter() - start
         self.last_from_cache = cache_hits() > hits
         self.compile_seconds += self.last_compile_seconds

@@ -87,32 +87,33 @@ def authors_options(family: str, dataset: str | None = None) -> IsegmOptions:
     """The authors' evaluation defaults.
 
     Args:
-      family: "ritm", "simpleclick" or "cfr_icl".
+      family: "ritm", "simpleclick", "cfr_icl" or "adaptiveclick".
       dataset: a dataset name; "DAVIS" selects the larger zoom size.
 
     Returns:
       RITM: flip, zoom 400 x 400 (600 on DAVIS), the ``fixed<N>`` reading of
-      its ``cvpr`` mode (see the docs); SimpleClick: flip, zoom 448 x 448
+      its ``cvpr`` mode (see the docs); SimpleClick and AdaptiveClick (whose
+      ``evaluate_model.py`` builds the same predictor): flip, zoom 448 x 448
       (672 on DAVIS); CFR-ICL: SimpleClick's plus the adaptive 5-step cascade.
     """
     davis = (dataset or "").upper() == "DAVIS"
     if family == "ritm":
         size = 600 if davis else 400
         return IsegmOptions(zoom_in=ZoomInConfig(target_hw=(size, size)), with_flip=True)
-    if family in ("simpleclick", "cfr_icl"):
+    if family in ("simpleclick", "cfr_icl", "adaptiveclick"):
         size = 672 if davis else 448
         cascade = CascadeConfig() if family == "cfr_icl" else None
         return IsegmOptions(zoom_in=ZoomInConfig(target_hw=(size, size)), with_flip=True,
                             cascade=cascade)
-    raise ValueError(f"unknown click-map family {family!r}; use 'ritm', 'simpleclick' or "
-                     f"'cfr_icl'")
+    raise ValueError(f"unknown click-map family {family!r}; use 'ritm', 'simpleclick', 'cfr_icl' or "
+                     f"'adaptiveclick'")
 
 
 def rclicks_options(family: str, dataset: str | None = None) -> IsegmOptions:
     """The predictor the RClicks authors evaluate each family with (docs/protocols/rclicks.md §5.4).
 
     Their scripts build isegm's predictor with flip averaging and a zoom-in for
-    every family; SimpleClick as `authors_options` (448 x 448, 672 x 672 on
+    every family; SimpleClick and AdaptiveClick as `authors_options` (448 x 448, 672 x 672 on
     DAVIS); CFR-ICL with ``--cf-n=1`` and no ``--acf``: two cascade passes at
     the first click, not adaptive; RITM in its ``cvpr`` mode, whose
     aspect-preserving crops (and native-size first click) have data-dependent
@@ -120,7 +121,7 @@ def rclicks_options(family: str, dataset: str | None = None) -> IsegmOptions:
     stands in for it, as in `authors_options`.
 
     Args:
-      family: "ritm", "simpleclick" or "cfr_icl".
+      family: "ritm", "simpleclick", "cfr_icl" or "adaptiveclick".
       dataset: a dataset name; "DAVIS" selects the larger zoom size.
     """
     options = authors_options(family, dataset)

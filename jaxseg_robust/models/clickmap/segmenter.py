@@ -1,11 +1,11 @@
-"""`ClickMapSegmenter`: RITM / SimpleClick / CFR-ICL behind the Segmenter protocol.
+"""`ClickMapSegmenter`: RITM / SimpleClick / CFR-ICL / AdaptiveClick behind the Segmenter protocol.
 
 For these models the image and the clicks enter the network together, so
 ``embed`` is cheap (it keeps the image in [0, 1]) and ``decode`` runs the
 whole network on the image with the clicks rendered as maps
 (docs/models/click_models.md)::
 
-    seg = ClickMapSegmenter(config)             # RitmConfig or SimpleClickConfig
+    seg = ClickMapSegmenter(config)             # RitmConfig, SimpleClickConfig or AdaptiveClickConfig
     x, transform = seg.preprocess(image)        # uint8[H, W, 3] -> f32[H, W, 3] in [0, 1]
     features = seg.embed(params, x)
     pred = seg.decode(params, features, prompts, transform)   # logits f32[H, W]
@@ -31,7 +31,7 @@ Conventions of this family (the Segmenter contract's family-specific parts):
   `jaxseg_robust.models.base.interactive_step` calls), and with a zoom-in its
   ``frame_policy`` is ``"any"`` for those protocols.
 * ``rules``: the family's `models.base.FamilyRules`, computed from the fields
-  (``family`` "ritm", "simpleclick" or, where the converted config says
+  (``family`` "ritm", "simpleclick", "adaptiveclick" or, where the converted config says
   ``cfr_icl``, "cfr_icl"; docs/ARCHITECTURE.md, "The Segmenter seam"). ``decode`` itself is
   unchanged (the network on the whole frame). None (default): protocols feed
   ``feedback`` back through ``decode`` as before.
@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxseg_robust.models.adaptiveclick.config import AdaptiveClickConfig
 from jaxseg_robust.models.base import (
     CLICK_STEP_RESIZED,
     FRAME_POLICY_ANY,
@@ -77,6 +78,7 @@ OUTSIDE_LOGIT = -1e4
 ISEGM_THRESHOLD = 0.49
 # Transposed convolutions of SimpleClick's neck (their weights keep torch's [in, out, k, k]).
 SIMPLECLICK_TRANSPOSED = ("neck/down_4/0", "neck/down_4/3", "neck/down_8/0")
+ADAPTIVECLICK_TRANSPOSED = tuple("pixel_decoder/" + path for path in SIMPLECLICK_TRANSPOSED)
 
 
 @flax.struct.dataclass
@@ -91,7 +93,7 @@ class ClickMapFeatures:
 
 
 def build_network(config):
-    """The linen network of a config (RITM or SimpleClick)."""
+    """The linen network of a config (RITM, SimpleClick or AdaptiveClick)."""
     if isinstance(config, RitmConfig):
         from jaxseg_robust.models.ritm.network import RitmNet  # noqa: PLC0415
 
@@ -100,6 +102,10 @@ def build_network(config):
         from jaxseg_robust.models.simpleclick.network import SimpleClickNet  # noqa: PLC0415
 
         return SimpleClickNet(config)
+    if isinstance(config, AdaptiveClickConfig):
+        from jaxseg_robust.models.adaptiveclick.network import AdaptiveClickNet  # noqa: PLC0415
+
+        return AdaptiveClickNet(config)
     raise TypeError(f"not a click-map model config: {type(config).__name__}")
 
 
@@ -108,7 +114,7 @@ class ClickMapSegmenter(SegmenterBase):
     """A click-map interactive model (static configuration; weights are passed as ``params``).
 
     Attributes:
-      config: `RitmConfig` or `SimpleClickConfig`.
+      config: `RitmConfig`, `SimpleClickConfig` or `AdaptiveClickConfig`.
       click_encoding: "hard" (isegm's binary disks) or "soft" (differentiable).
       coverage: soft-disk coverage model ("area" exact area, or "ramp").
       evaluation: the authors' predictor options for interactive protocols
@@ -134,8 +140,8 @@ class ClickMapSegmenter(SegmenterBase):
 
     @property
     def predictor_family(self) -> str:
-        """The family whose authors' predictor runs these weights: "ritm", "simpleclick" or "cfr_icl"
-        (recorded in the converted model's config, `SimpleClickConfig.cfr_icl`)."""
+        """The family whose authors' predictor runs these weights: "ritm", "simpleclick", "cfr_icl" (recorded in
+        the converted model's config, `SimpleClickConfig.cfr_icl`) or "adaptiveclick"."""
         return self.config.predictor_family
 
     @property
@@ -167,7 +173,8 @@ class ClickMapSegmenter(SegmenterBase):
 
     def init(self, key) -> dict:
         """Random parameters of a sensible scale (host draws; see `layers.random_params`)."""
-        transposed = SIMPLECLICK_TRANSPOSED if isinstance(self.config, SimpleClickConfig) else ()
+        transposed = {SimpleClickConfig: SIMPLECLICK_TRANSPOSED,
+                      AdaptiveClickConfig: ADAPTIVECLICK_TRANSPOSED}.get(type(self.config), ())
         return random_params(self.param_shapes(), key, transposed=transposed)
 
     # ---- contract extras -----------------------------------------------------
@@ -315,7 +322,7 @@ class ClickMapSegmenter(SegmenterBase):
 @functools.lru_cache(maxsize=16)
 def _param_shapes(config) -> dict:
     """`ClickMapSegmenter.param_shapes` of a config (hashable, frozen)."""
-    h, w = config.train_size if isinstance(config, SimpleClickConfig) else (64, 64)
+    h, w = config.train_size if isinstance(config, (SimpleClickConfig, AdaptiveClickConfig)) else (64, 64)
     image = jax.ShapeDtypeStruct((1, h, w, 3), jnp.float32)
     maps = jax.ShapeDtypeStruct((1, h, w, config.coord_channels), jnp.float32)
     return jax.eval_shape(build_network(config).init, jax.random.key(0), image, maps)["params"]

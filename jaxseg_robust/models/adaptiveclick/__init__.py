@@ -1,0 +1,1 @@
+"""AdaptiveClick (ViT + SimpleFPN + Mask2Former-style click-aware decoder): docs/models/adaptiveclick.md."""
