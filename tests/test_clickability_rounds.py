@@ -19,6 +19,7 @@ from jaxseg_robust.clicksim.previous_mask import check_previous_mask
 from jaxseg_robust.clicksim.task_instances import error_region, task_labels, task_object, task_region
 from jaxseg_robust.data.masks_io import MaskReadError
 from jaxseg_robust.models import store
+from jaxseg_robust.reports.sources import load_source_gt
 from jaxseg_robust.runner.records import latest_records, read_run_records
 
 from cli_helpers import Capture
@@ -93,6 +94,7 @@ def test_each_metric_of_every_round_equals_its_restatement(rounds):
         error = _error_mask(object_mask, rounds["root"] / PREV_MASKS / f"{task_id}.png", payload["click_type"])
         clicks = np.array(payload["clicks_xy"])
         assert payload["full_stem"] == task_id
+        np.testing.assert_array_equal(load_source_gt(payload), object_mask)  # the source's gt is the object
         if payload["click_type"] != "first":
             assert len(clicks) == ROUND_CLICKS[payload["click_type"]] and error.any()
         for name in rounds["models"]:
@@ -109,7 +111,7 @@ def test_without_prev_masks_only_first_rounds_and_the_split_file(rounds, capsys)
                      "--split-file", str(split), "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "4 fn / fp tasks are not evaluated: --prev-masks" in captured.err  # the split's two images
+    assert "4 fn / fp tasks are not evaluated: no folder of their previous masks" in captured.err  # the split's two images
     rows = _read_csv(out / "toy_per_image.csv")
     assert [(row["full_stem"], row["click_type"]) for row in rows] == [("a1", "first"), ("a3", "first")]
     # Every task of the split's images (first, fn, fp) with --prev-masks; the first-round numbers do not move.

@@ -1,4 +1,5 @@
-"""Real first-round clicks of benchmark instances, from the clicks CSV (the ``User`` mode, §5.1).
+"""Real clicks of benchmark instances, from the clicks CSV: the first round (the ``User`` mode, §5.1) and every
+task of an instance (first, fn and fp rounds: `click_tasks`, the clickability evaluation).
 
 Reference: docs/protocols/rclicks.md §1.1-§1.3 (schema, tasks, size cap), §5.1 (``User``:
 every real first-round click of the instance, both devices, CSV order), §6.2
@@ -6,7 +7,7 @@ every real first-round click of the instance, both devices, CSV order), §6.2
 
 An instance ``(dataset, id)`` of the RITM-style loaders has id ``"<image stem>"``
 or ``"<image stem>#<object code>"`` (`data.datasets.split_instance_id`). Its
-first-round rows are those with ``click_type == "first"``, the CSV dataset name
+rows (first-round rows: those with ``click_type == "first"``) have the CSV dataset name
 of the instance's dataset, its image stem, and ``object_stem == str(code)``; an
 instance without code, or the only instance of its image, also matches rows
 with an empty ``object_stem`` (the CSV's object is then the union of the

@@ -160,7 +160,8 @@ class ClickabilitySpec(ProtocolSpec):
             raise RunError(f"{{prev_masks}}: {error}") from None
         later = sum(task.click_type != "first" for one in tasks.values() for task in one)
         if self.prev_masks is None and later:
-            say(f"{later} fn / fp tasks are not evaluated: --prev-masks names the folder of their previous masks")
+            say(f"{later} fn / fp tasks are not evaluated: no folder of their previous masks (prev_masks, "
+                "--prev-masks)")
         if not members:
             raise RunError(f"{{clicks_csv}} {self.clicks_csv}: no first-round task matches the instances; the fn / fp "
                            "tasks need {prev_masks}")
@@ -208,10 +209,12 @@ class ClickabilitySpec(ProtocolSpec):
                 "split_file": None if self.split_file is None else str(pathlib.Path(self.split_file).resolve())}
 
     def finalize(self, tasks: Mapping, names: Sequence[str]):
-        """The engine's ``finalize``: each model's map scored on the host (`clicksim.map_evaluation.task_metrics`)."""
+        """The engine's ``finalize``: each model's map scored on the host (`clicksim.map_evaluation.task_metrics`),
+        and the image ``source`` (`reports.sources.image_source`, its ``gt`` the task's object)."""
         from jaxseg_robust.clicksim.map_evaluation import MAPS_KEY, task_key, task_metrics  # noqa: PLC0415
         from jaxseg_robust.clicksim.task_instances import task_object  # noqa: PLC0415
-        from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
+        from jaxseg_robust.data.coco_rle import encode_mask  # noqa: PLC0415
+        from jaxseg_robust.reports.sources import SOURCE_KEY, image_source  # noqa: PLC0415
 
         def score(instance, outputs) -> dict:
             task = tasks[instance.key]
@@ -221,10 +224,11 @@ class ClickabilitySpec(ProtocolSpec):
             metrics = {name: task_metrics(task_key(self.seed, instance.key, name), maps[index, :height, :width],
                                           task.clicks, object_mask, num_sets=self.num_sets, alpha=self.ks_alpha)
                        for index, name in enumerate(names)}
+            source = {**image_source(instance), "gt": encode_mask(object_mask)}  # the object, not the task labels
             return {"full_stem": task.full_stem, "click_type": task.click_type, "clicks_xy": task.clicks.tolist(),
-                    "metrics": metrics}
+                    "metrics": metrics, SOURCE_KEY: source}
 
-        return with_image_source(score)
+        return score
 
     def plan(self, model: ClickabilityModels, instances, run_dir, say: Say) -> ClickabilityPlan:
         """The clickability maps' `HostDrivenProgram` over the tasks (``model.members``)."""
