@@ -46,14 +46,14 @@ def toy_rounds(index: int) -> list[tuple[str, str, str, np.ndarray]]:
     fn: the previous mask is the object's upper part, so the error region is its lower part; fp: the previous
     mask is the object and a block in the top-left corner, outside the object (the error region).
     """
-    height, width = toy_size(index)
     mask = toy_mask(index)
     rows = np.nonzero(mask)[0]
     upper = np.zeros_like(mask)
     upper[: int(np.median(rows)) + index] = True
     block = np.zeros_like(mask)
     block[2:9 + index, 3:10] = True
-    return [(f"a{index}_sam_fn_pc_{index}", "fn", "sam", mask & upper), (f"a{index}_mivos_fp", "fp", "mivos", mask | block)]
+    return [(f"a{index}_sam_fn_pc_{index}", "fn", "sam", mask & upper),
+            (f"a{index}_mivos_fp", "fp", "mivos", mask | block)]
 
 
 def _round_rows(index: int, full_stem: str, click_type: str, model_type: str, region: np.ndarray) -> list[dict]:

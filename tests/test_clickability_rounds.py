@@ -65,7 +65,8 @@ def test_every_task_has_a_row_with_its_click_type(rounds):
     assert {row["full_stem"]: row["click_type"] for row in per_image} == expected
     summary = _read_csv(rounds["run"] / "summary.csv")
     tasks = {(row["click_type"], row["model"]): int(row["tasks"]) for row in summary}
-    assert tasks[("all", "ud")] == 3 * COUNT and tasks[("fn", "dt")] == COUNT and tasks[("fp", rounds["network"])] == COUNT
+    assert tasks[("all", "ud")] == 3 * COUNT and tasks[("fn", "dt")] == COUNT
+    assert tasks[("first", "ud")] == tasks[("fp", rounds["network"])] == COUNT
     fp_nss = [float(row["nss"]) for row in per_image if row["click_type"] == "fp" and row["model_name"] == "ud"]
     ud_fp = next(row for row in summary if row["click_type"] == "fp" and row["model"] == "ud")
     np.testing.assert_allclose(float(ud_fp["nss"]), np.mean(fp_nss), rtol=1e-12)
@@ -111,7 +112,8 @@ def test_without_prev_masks_only_first_rounds_and_the_split_file(rounds, capsys)
                      "--split-file", str(split), "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "4 fn / fp tasks are not evaluated: no folder of their previous masks" in captured.err  # the split's two images
+    # the split's two images, two later rounds each
+    assert "4 fn / fp tasks are not evaluated: no folder of their previous masks" in captured.err
     rows = _read_csv(out / "toy_per_image.csv")
     assert [(row["full_stem"], row["click_type"]) for row in rows] == [("a1", "first"), ("a3", "first")]
     # Every task of the split's images (first, fn, fp) with --prev-masks; the first-round numbers do not move.

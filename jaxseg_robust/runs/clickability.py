@@ -134,8 +134,8 @@ class ClickabilitySpec(ProtocolSpec):
         present = {split_instance_id(instance.id)[0] for instance in instances}
         missing = [stem for stem in stems if stem not in present]
         if missing:
-            raise RunError(f"{{split_file}} {self.split_file}: {len(missing)} of {len(stems)} stems have no image among "
-                           f"the instances of the data flags, the first: {missing[0]!r}")
+            raise RunError(f"{{split_file}} {self.split_file}: {len(missing)} of {len(stems)} stems have no image "
+                           f"among the instances of the data flags, the first: {missing[0]!r}")
         chosen = set(stems)
         return [instance for instance in instances if split_instance_id(instance.id)[0] in chosen]
 
