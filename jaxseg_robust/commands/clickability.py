@@ -33,10 +33,10 @@ FLAG_NAMES = FlagNames(models="--click-models", random_weights="--click-model-ra
 EPILOG = """\
 examples:
   jaxseg-robust clickability --clicks-csv clicks.csv --click-models ud,dt,rclicks_clickability \\
-      --datasets GrabCut,Berkeley --data-root DATA --out runs/table3 \
+      --datasets GrabCut,Berkeley --data-root DATA --out runs/table3 \\
       --prev-masks DATA/SUBSEC_MASKS/all_benchmark_datasets/fn_fp
-  jaxseg-robust clickability --clicks-csv clicks.csv --click-models ud,dt,saliency,rclicks_clickability \
-      --datasets TETRIS --data-root DATA --split-file TETRIS_val.txt --out runs/table3_tetris \
+  jaxseg-robust clickability --clicks-csv clicks.csv --click-models ud,dt,saliency,rclicks_clickability \\
+      --datasets TETRIS --data-root DATA --split-file TETRIS_val.txt --out runs/table3_tetris \\
       --prev-masks DATA/SUBSEC_MASKS/tetris_fn_fp/tetris_fn_fp_masks
   jaxseg-robust clickability --clicks-csv toy_clicks.csv --click-models ud,dt,rclicks_clickability \\
       --click-model-random-weights rclicks_clickability=0 --folder toy/images toy/masks --out runs/smoke
