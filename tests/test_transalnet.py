@@ -204,8 +204,9 @@ def cv2_resize(array, out_h, out_w):
     return cv2.resize(np.asarray(array, np.uint8), (out_w, out_h)).astype(np.float64)
 
 
-def restated_sm(image, region, saliency, resize, input_hw=(288, 384)):
-    """NumPy restatement of ``SaliencyModel.__call__`` with ``saliency`` in place of the network.
+def restated_sm(image, region, saliency, resize, input_hw=(288, 384), grey=True):
+    """NumPy restatement of ``SaliencyModel.__call__`` (``grey=False``: ``SaliencyImageModel``, whose
+    ``cut_image_from_mask`` only slices the crop) with ``saliency`` in place of the network.
 
     Returns (network input f64[in_h, in_w, 3] in [0, 1], click map f64[H, W], the map's value of
     one 8-bit level).
@@ -216,7 +217,8 @@ def restated_sm(image, region, saliency, resize, input_hw=(288, 384)):
     y1, y2 = max(rows.min() - dh, 0), min(rows.max() + dh, region.shape[0]) + 1
     x1, x2 = max(cols.min() - dw, 0), min(cols.max() + dw, region.shape[1]) + 1
     crop, mask = image[y1:y2, x1:x2].astype(np.float64), region[y1:y2, x1:x2]
-    crop = np.where(mask[..., None], crop, 127.0)
+    if grey:
+        crop = np.where(mask[..., None], crop, 127.0)
     (ch, cw), (sr, sc) = crop.shape[:2], input_hw
     canvas = np.ones((sr, sc, 3))
     if ch / sr > cw / sc:
@@ -301,6 +303,59 @@ def test_sm_construction_equals_the_numpy_restatement(sm_program, key):
     assert np.abs(canvas - cv_canvas).max() <= 1 / 255 + 1e-6
     levels, cv_levels = np.round(got / level), np.round(cv_map / cv_level)  # back to 8-bit levels
     assert np.abs(levels - cv_levels).max() <= 1
+
+
+@pytest.mark.parametrize("key", ["tiny_letterbox", "border"])
+def test_si_differs_from_sm_only_by_the_grey(key):
+    """SI (``grey_outside=False``): the network sees the raw crop, the restatement without the grey; the
+    crop, the letterbox and the map of a given saliency are SM's."""
+    image, saliency = _scene(), _fixed_saliency((288, 384))
+    region = _region(image.shape[:2], key)
+    image_hw = np.asarray(image.shape[:2], np.int32)
+
+    def program(grey_outside):
+        def one(image, region):
+            crop = SM.crop_geometry(region, image_hw, (288, 384))
+            return (SM.sm_network_input(image, region, crop, (288, 384), grey_outside),
+                    SM.sm_clickability(lambda canvas: jnp.asarray(saliency), image, image_hw, region, (288, 384),
+                                       grey_outside))
+        return jax.jit(one)(image.astype(np.float32), region)
+
+    (sm_canvas, sm_map), (si_canvas, si_map) = (tuple(np.asarray(a) for a in program(g)) for g in (True, False))
+    want_canvas, want_map, level = restated_sm(image, region, saliency, float_resize, grey=False)
+    assert np.abs(si_canvas - want_canvas).max() <= 1 / 255 + 1e-6
+    assert (np.round(si_canvas * 255) != np.round(want_canvas * 255)).mean() < 0.01
+    assert np.abs(si_map - want_map).max() <= 1.001 * level
+    np.testing.assert_array_equal(si_map, sm_map)  # one saliency, one map: the grey only enters the network input
+    # SM's input minus SI's is the restatement's grey minus raw input (each within one level of its own).
+    grey_canvas, _, _ = restated_sm(image, region, saliency, float_resize, grey=True)
+    assert np.abs(grey_canvas - want_canvas).max() > 10 / 255
+    assert np.abs((sm_canvas - si_canvas) - (grey_canvas - want_canvas)).max() <= 2 / 255 + 1e-6
+
+
+def test_the_saliency_image_click_model(tmp_path, monkeypatch):
+    """``saliency_image`` is TranSalNet_Res's weights behind the SI construction, declared beside ``saliency``."""
+    sm, si = (CM.load_click_model(name, random_seed=3, config=TINY) for name in ("saliency", "saliency_image"))
+    assert (sm.model.name, sm.model.grey_outside) == ("saliency", True)
+    assert (si.model.name, si.model.grey_outside) == ("saliency_image", False)
+    jax.tree.map(np.testing.assert_array_equal, sm.params, si.params)
+    image = _scene(hw=(40, 57))
+    region = _region((70, 101), "tiny_letterbox")[:40, :57]
+    inside = np.ones((40, 57), bool)
+    prepared = si.model.prepare(image, region, (40, 57))
+    got = np.asarray(jax.jit(si.model.clickability)(si.params, prepared, region, inside))
+    crop = SM.crop_geometry(jnp.asarray(region), jnp.asarray([40, 57]), TINY.input_hw)
+    canvas = SM.sm_network_input(jnp.asarray(image, jnp.float32), region, crop, TINY.input_hw, False)
+    saliency = TranSalNet(TINY).apply(si.params, canvas[None])[0]
+    _, want, level = restated_sm(image, region, np.asarray(saliency), float_resize, TINY.input_hw, grey=False)
+    assert np.abs(got - want).max() <= 1.001 * level and np.isclose(got, want, rtol=1e-5).mean() > 0.99
+    sm_map = np.asarray(jax.jit(sm.model.clickability)(sm.params, prepared, region, inside))
+    assert np.abs(sm_map - got).max() > 0  # the grey changes what the network sees
+    monkeypatch.setenv(zoo.ENV_MODELS_DIR, str(tmp_path))
+    store.save(tmp_path / "transalnet_res", TranSalNet(TINY).init_variables(jax.random.key(0)),
+               family="transalnet", variant="tiny", config=TINY.to_dict())
+    converted = CM.load_click_model("saliency_image")
+    assert converted.model.grey_outside is False and converted.model.config == TINY
 
 
 def test_sm_fallback_and_empty_region(sm_program):

@@ -8,9 +8,12 @@ Modules (docs/protocols/rclicks.md):
   * ``groups``        -- clicking groups G1..G10 (probability-mass bands) and in-band sampling (§5.2).
   * ``error_region``  -- polarity / error region / fallback map of a simulated round (§5.2).
   * ``click_models``  -- one interface over click models: DT / UD baselines, the clickability
-                         network (zoo name ``rclicks_clickability``) and the TranSalNet SM baseline
-                         (``saliency`` = ``transalnet_res``) (§3.6, §4).
-  * ``user_clicks``   -- first-round real-user clicks per instance from the clicks CSV (§5.1).
+                         network (zoo name ``rclicks_clickability``) and the TranSalNet SM / SI baselines
+                         (``saliency`` / ``saliency_image`` of ``transalnet_res``) (§3.6, §4).
+  * ``user_clicks``   -- real-user clicks per instance from the clicks CSV: first-round (§5.1), every
+                         task (first, fn, fp) of the clickability evaluation.
+  * ``task_instances`` -- the clickability evaluation's tasks as runner instances (object, error region).
+  * ``map_evaluation`` -- the clickability evaluation's batch program and metrics (Table 3).
   * ``evaluation``    -- the multi-round simulated evaluation (Base, G1..G10), batched (§5).
 The click-distribution metrics live in ``jaxseg_robust.metrics.clicks``.
 """

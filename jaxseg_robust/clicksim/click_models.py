@@ -26,11 +26,11 @@ Models:
     (`jaxseg_robust.models.clickability.click_model`, re-exported here).
 
   * `SaliencyClickModel` ("saliency", §4 "SM"): TranSalNet_Res saliency of the crop around
-    the error region, restricted to it and normalised (RClicks' Appendix B.2 construction;
-    docs/models/transalnet.md); it lives in the models layer
-    (`jaxseg_robust.models.saliency.click_model`, re-exported here).
+    the error region, grey outside it, restricted to it and normalised (RClicks' Appendix B.2
+    construction; docs/models/transalnet.md); "saliency_image" (§4 "SI") the same on the raw
+    crop; it lives in the models layer (`jaxseg_robust.models.saliency.click_model`, re-exported here).
 
-`load_click_model` resolves ``"dt"``, ``"ud"``, ``"saliency"``, a converted directory or a
+`load_click_model` resolves ``"dt"``, ``"ud"``, ``"saliency"``, ``"saliency_image"``, a converted directory or a
 zoo name of a click-model family (`CLICK_MODEL_FAMILIES`); the family ``"clickability"``
 and the name ``rclicks_clickability`` (``python -m ports clickability``) are registered by
 `jaxseg_robust.models.clickability.registry`, the family ``"transalnet"`` and the names
@@ -60,6 +60,8 @@ from jaxseg_robust.models.saliency.click_model import SaliencyClickModel
 from jaxseg_robust.models.saliency.config import FAMILY as SALIENCY_FAMILY
 from jaxseg_robust.models.saliency.config import TranSalNetConfig
 from jaxseg_robust.models.saliency.registry import ALIAS as SALIENCY_ALIAS
+from jaxseg_robust.models.saliency.registry import VARIANTS as SALIENCY_VARIANTS
+from jaxseg_robust.models.saliency.registry import saliency_variant
 from jaxseg_robust.models.saliency.registry import ZOO_NAME as SALIENCY_ZOO_NAME
 from jaxseg_robust.ops.distance import distance_transform_edt
 
@@ -144,11 +146,12 @@ def _click_model_family(name_or_dir: str) -> str:
 
 def load_click_model(spec: str | os.PathLike, *, random_seed: int | None = None,
                      config: ClickabilityConfig | TranSalNetConfig | None = None) -> LoadedClickModel:
-    """Resolves ``"dt"``, ``"ud"``, ``"saliency"``, a converted directory or a click-model zoo name.
+    """Resolves ``"dt"``, ``"ud"``, ``"saliency"``, ``"saliency_image"``, a converted directory or a click-model
+    zoo name.
 
     Args:
-      spec: ``"dt"`` / ``"ud"`` (baselines), ``"saliency"`` (= `SALIENCY_ZOO_NAME`, RClicks'
-        SM baseline), a directory written by ``python -m ports clickability`` or
+      spec: ``"dt"`` / ``"ud"`` (baselines), ``"saliency"`` / ``"saliency_image"`` (`SALIENCY_ZOO_NAME`'s
+        weights behind RClicks' SM / SI construction), a directory written by ``python -m ports clickability`` or
         ``python -m ports transalnet``, or a zoo name of those families (``"rclicks_clickability"``,
         ``"transalnet_res"``: converted weights under ``$JAXSEG_ROBUST_MODELS``).
       random_seed: with a zoo name: seeded random weights instead (tests, benchmarks).
@@ -163,17 +166,22 @@ def load_click_model(spec: str | os.PathLike, *, random_seed: int | None = None,
         if random_seed is not None:
             raise ValueError(f"random_seed does not apply to the {text!r} baseline")
         return LoadedClickModel(DistanceTransformClickModel() if text == "dt" else UniformClickModel(), None, text)
-    text = SALIENCY_ZOO_NAME if text == SALIENCY_ALIAS else text
+    variant = text if text in SALIENCY_VARIANTS else None
+    text = SALIENCY_ZOO_NAME if variant is not None else text
     if random_seed is not None:
         if os.path.isdir(text):
             raise ValueError("random_seed takes the zoo name, not a converted directory")
         family = zoo.family(_click_model_family(text))
         model = family.segmenter(zoo.get(text).config if config is None else config)
-        return LoadedClickModel(model, model.init(int(random_seed)), f"random:{int(random_seed)}")
-    path = zoo.resolve(text)  # a directory, or a known (converted) name
-    _click_model_family(os.fspath(path))
-    model, params, _ = zoo.load_params(path)
-    return LoadedClickModel(model, params, str(path))
+        loaded = LoadedClickModel(model, model.init(int(random_seed)), f"random:{int(random_seed)}")
+    else:
+        path = zoo.resolve(text)  # a directory, or a known (converted) name
+        _click_model_family(os.fspath(path))
+        model, params, _ = zoo.load_params(path)
+        loaded = LoadedClickModel(model, params, str(path))
+    if variant is None:
+        return loaded
+    return LoadedClickModel(saliency_variant(loaded.model, variant), loaded.params, loaded.source)
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,13 +1,15 @@
-"""The clickability evaluation (RClicks Table 3): click models' first-round maps and their metrics on real clicks.
+"""The clickability evaluation (RClicks Table 3): click models' maps of a task and their metrics on real clicks.
 
 Reference: docs/protocols/rclicks.md, "Clickability evaluation" (C-R ``scripts/evaluate_click_models.py``;
 the metrics are §7's, `jaxseg_robust.metrics.clicks`).
 
-Per instance with real first-round clicks (a first-round task of the clicks CSV):
+Per task of the clicks CSV (a runner instance whose ``gt`` holds task labels,
+`jaxseg_robust.clicksim.task_instances`: the object ``G`` and the round's error region ``R``):
 
   device   one compiled program for a batch and every click model (`ClickMapsProtocol`):
-           ``M_m = model_m.clickability(params_m, prepared_m, R = G, inside)`` f32[Hf, Wf] for each model m,
-           ``G = gt == 1`` (the first round's error mask is the object, ignore pixels as background)
+           ``M_m = model_m.clickability(params_m, prepare_m(image, G), R, inside)`` f32[Hf, Wf] for each model
+           m (first round: ``R = G = gt == 1``, ignore pixels as background; fn / fp: the error region of the
+           previous mask)
   host     ``metric_map``: ``M_m`` on the image, min-max rescaled over it (the authors' metric wrapper of
            the clickability network, §3.6; the baselines' maps already span [0, 1] and are unchanged),
            then PL1, KS, WD (bootstrapped, each from its own sets), NSS and PDE of the real clicks
@@ -28,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxseg_robust.clicksim.task_instances import task_object, task_region
 from jaxseg_robust.hashing import instance_seed
 from jaxseg_robust.metrics.clicks import DEFAULT_NUM_SETS, KS_ALPHA, evaluate_click_map
 from jaxseg_robust.runner.program import CompiledFunction, check_batch
@@ -37,7 +40,7 @@ __all__ = ["METRIC_COLUMNS", "MAPS_KEY", "ClickMapsProtocol", "maps_program", "m
 
 # The authors' per-image CSV columns of the five metrics, in their order, and the ClickMetrics field of each.
 METRIC_COLUMNS = (("l1", "pl1"), ("ks2d", "ks"), ("wasserstien", "wd"), ("nss", "nss"), ("pde", "pde"))
-MAPS_KEY = "maps"  # program output: f32[B, M, Hf, Wf], model m's first-round map
+MAPS_KEY = "maps"  # program output: f32[B, M, Hf, Wf], model m's map of the slot's task
 
 
 def metric_map(click_map: np.ndarray) -> np.ndarray:
@@ -65,7 +68,7 @@ def task_key(seed: int, key: tuple[str, str], name: str) -> jax.Array:
     return jax.random.fold_in(base, model_seed(name))
 
 
-def task_metrics(key: jax.Array, click_map: np.ndarray, clicks_xy: np.ndarray, gt: np.ndarray, *,
+def task_metrics(key: jax.Array, click_map: np.ndarray, clicks_xy: np.ndarray, object_mask: np.ndarray, *,
                  num_sets: int = DEFAULT_NUM_SETS, alpha: float = KS_ALPHA) -> dict[str, float]:
     """The five metrics of one task as the authors' per-image CSV names them.
 
@@ -73,7 +76,7 @@ def task_metrics(key: jax.Array, click_map: np.ndarray, clicks_xy: np.ndarray, g
       key: `task_key` of the task and model.
       click_map: float[H, W] the model's map on the image (`metric_map` is applied here).
       clicks_xy: int[n, 2] the real clicks (x, y), n >= 1.
-      gt: [H, W] the instance's ground truth (its ``== 1`` box normalises PL1 and WD).
+      object_mask: bool[H, W] the object ``G`` (its box normalises PL1 and WD, also for fn / fp tasks).
       num_sets: bootstrap sets of PL1, KS and WD each (100); alpha: the KS level (0.05).
 
     Returns:
@@ -83,7 +86,8 @@ def task_metrics(key: jax.Array, click_map: np.ndarray, clicks_xy: np.ndarray, g
       ValueError: a map without positive mass, no clicks or an empty object.
     """
     clicks_xy = np.asarray(clicks_xy)
-    values = evaluate_click_map(key, metric_map(click_map), clicks_xy[:, 0], clicks_xy[:, 1], np.asarray(gt) == 1,
+    values = evaluate_click_map(key, metric_map(click_map), clicks_xy[:, 0], clicks_xy[:, 1],
+                                np.asarray(object_mask, bool),
                                 num_sets=num_sets, alpha=alpha)
     return {column: float(getattr(values, field)) for column, field in METRIC_COLUMNS}
 
@@ -115,7 +119,7 @@ def maps_program(models: tuple) -> CompiledFunction:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ClickMapsProtocol:
-    """Every click model's first-round map of a batch, one compiled program (a `runner.program.HostDrivenProtocol`).
+    """Every click model's map of a batch of tasks, one compiled program (a `runner.program.HostDrivenProtocol`).
 
     Attributes:
       names: the models' names (output order).
@@ -151,28 +155,29 @@ class ClickMapsProtocol:
         return tuple(out)
 
     def maps_of(self, images: Sequence[np.ndarray], gts: Sequence[np.ndarray], multiple: int = 64) -> list[np.ndarray]:
-        """Every model's first-round map of a few instances at their own sizes (one batch, padded to a frame
-        rounded up to ``multiple``): a list of f32[M, H, W]."""
+        """Every model's map of a few tasks (``gts``: task labels) at their own sizes (one batch, padded to a
+        frame rounded up to ``multiple``): a list of f32[M, H, W]."""
         sizes = np.array([np.shape(gt) for gt in gts], np.int64)
         frame = tuple(int(-(-side // multiple) * multiple) for side in sizes.max(axis=0))
         padded_images = np.zeros((len(gts), *frame, 3), np.uint8)
-        objects = np.zeros((len(gts), *frame), bool)
+        labels = np.zeros((len(gts), *frame), np.int8)
         for slot, (image, gt) in enumerate(zip(images, gts)):
             height, width = np.shape(gt)
             padded_images[slot, :height, :width] = image
-            objects[slot, :height, :width] = np.asarray(gt) == 1
+            labels[slot, :height, :width] = gt
         params = tuple(loaded.params for loaded in self.models)
-        maps = self.function(params, self.prepared(padded_images, objects, sizes), jnp.asarray(objects),
-                             jnp.asarray(_inside(sizes, frame)))
+        maps = self.function(params, self.prepared(padded_images, task_object(labels), sizes),
+                             jnp.asarray(task_region(labels)), jnp.asarray(_inside(sizes, frame)))
         maps = np.asarray(maps, np.float32)
         return [maps[slot, :, :height, :width] for slot, (height, width) in enumerate(sizes.tolist())]
 
     def run_batch(self, batch) -> Mapping:
-        """``{MAPS_KEY: f32[B, M, Hf, Wf]}`` of a `PaddedBatch` (zero outside each image for the built-in models)."""
+        """``{MAPS_KEY: f32[B, M, Hf, Wf]}`` of a `PaddedBatch` of task labels (zero outside each image for the
+        built-in models)."""
         images, gts, sizes = check_batch(batch)
-        objects = gts == 1
         sizes = sizes.astype(np.int64)
-        inside = _inside(sizes, objects.shape[1:])
+        inside = _inside(sizes, gts.shape[1:])
         params = tuple(loaded.params for loaded in self.models)
-        maps = self.function(params, self.prepared(images, objects, sizes), jnp.asarray(objects), jnp.asarray(inside))
+        maps = self.function(params, self.prepared(images, task_object(gts), sizes), jnp.asarray(task_region(gts)),
+                             jnp.asarray(inside))
         return {MAPS_KEY: np.asarray(maps, np.float32)}

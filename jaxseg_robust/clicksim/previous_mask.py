@@ -16,7 +16,7 @@ from PIL import Image, UnidentifiedImageError
 
 from jaxseg_robust.data.masks_io import MaskReadError
 
-__all__ = ["read_previous_mask", "previous_mask_path"]
+__all__ = ["check_previous_mask", "read_previous_mask", "previous_mask_path"]
 
 # Modes whose conversion to RGB matches OpenCV's IMREAD_COLOR for 8-bit images (alpha dropped).
 _EIGHT_BIT_MODES = ("1", "L", "P", "RGB", "RGBA", "LA")
@@ -50,3 +50,28 @@ def read_previous_mask(path: Union[str, os.PathLike]) -> np.ndarray:
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as error:
         raise MaskReadError(f"{path}: cannot read previous mask ({error})") from None
     return rgb[:, :, 0].astype(np.float32) / np.float32(255.0)
+
+
+def check_previous_mask(path: Union[str, os.PathLike], size_hw: tuple[int, int]) -> None:
+    """Checks a previous-round mask from its header only (nothing decoded): the file exists, is an 8-bit
+    image and has the instance's size.
+
+    Args:
+      path: the PNG; size_hw: (H, W) of the instance it belongs to.
+    Raises:
+      MaskReadError (a ValueError) naming the file: missing, unreadable, another mode or another size.
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise MaskReadError(f"{path}: previous mask not found")
+    try:
+        with Image.open(path) as image:
+            mode, (width, height) = image.mode, image.size
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as error:
+        raise MaskReadError(f"{path}: cannot read previous mask ({error})") from None
+    if mode not in _EIGHT_BIT_MODES:
+        raise MaskReadError(f"{path}: unsupported image mode {mode!r} for a previous mask "
+                            f"(expected one of {_EIGHT_BIT_MODES})")
+    if (height, width) != tuple(size_hw):
+        raise MaskReadError(f"{path}: previous mask is {height}x{width} (HxW), the instance's image is "
+                            f"{size_hw[0]}x{size_hw[1]}")

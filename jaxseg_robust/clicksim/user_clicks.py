@@ -1,4 +1,5 @@
-"""Real first-round clicks of benchmark instances, from the clicks CSV (the ``User`` mode, §5.1).
+"""Real clicks of benchmark instances, from the clicks CSV: the first round (the ``User`` mode, §5.1) and every
+task of an instance (first, fn and fp rounds: `click_tasks`, the clickability evaluation).
 
 Reference: docs/protocols/rclicks.md §1.1-§1.3 (schema, tasks, size cap), §5.1 (``User``:
 every real first-round click of the instance, both devices, CSV order), §6.2
@@ -6,7 +7,7 @@ every real first-round click of the instance, both devices, CSV order), §6.2
 
 An instance ``(dataset, id)`` of the RITM-style loaders has id ``"<image stem>"``
 or ``"<image stem>#<object code>"`` (`data.datasets.split_instance_id`). Its
-first-round rows are those with ``click_type == "first"``, the CSV dataset name
+rows (first-round rows: those with ``click_type == "first"``) have the CSV dataset name
 of the instance's dataset, its image stem, and ``object_stem == str(code)``; an
 instance without code, or the only instance of its image, also matches rows
 with an empty ``object_stem`` (the CSV's object is then the union of the
@@ -21,7 +22,7 @@ capped at 2048 px) the clicks are rescaled ``x <- floor(x W / w)``,
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -29,7 +30,8 @@ import numpy as np
 from jaxseg_robust.clicksim.clicks_csv import ClicksTable
 from jaxseg_robust.data.datasets import normalize_name, split_instance_id
 
-__all__ = ["CSV_DATASET_NAMES", "FirstRoundTask", "csv_dataset_name", "first_round_clicks", "first_round_tasks"]
+__all__ = ["CSV_DATASET_NAMES", "ClickTask", "FirstRoundTask", "click_tasks", "csv_dataset_name", "first_round_clicks",
+           "first_round_tasks"]
 
 # Canonical dataset names of `data.datasets` -> the CSV's ``dataset`` values (§1.1).
 CSV_DATASET_NAMES = {"grabcut": "GrabCut", "berkeley": "Berkeley", "davis": "DAVIS", "cocomval": "COCO",
@@ -71,6 +73,35 @@ class FirstRoundTask(NamedTuple):
     clicks: np.ndarray
 
 
+def _matched_rows(table: ClicksTable, instances: Iterable,
+                  dataset_names: Mapping[str, str] | None) -> Iterator[tuple[object, np.ndarray]]:
+    """``(instance, int rows of table)`` of every instance with rows: the CSV dataset name of its dataset, its
+    image stem and ``object_stem == str(code)`` (the only instance of its image also matches ``''``)."""
+    instances = list(instances)
+    per_image = Counter((i.dataset, split_instance_id(i.id)[0]) for i in instances)
+    index: dict[tuple[str, str, str], list] = {}
+    for row_index, key in enumerate(zip(table.dataset, table.image_stem, table.object_stem)):
+        index.setdefault(tuple(str(k) for k in key), []).append(row_index)
+    for instance in instances:
+        csv_name = csv_dataset_name(instance.dataset, table, dataset_names)
+        if csv_name is None:
+            continue
+        stem, code = split_instance_id(instance.id)
+        rows = list(index.get((csv_name, stem, "" if code is None else str(code)), []))
+        if code is not None and not rows and per_image[(instance.dataset, stem)] == 1:
+            rows = list(index.get((csv_name, stem, ""), []))
+        if rows:
+            yield instance, np.asarray(rows)
+
+
+def _clicks_xy(table: ClicksTable, rows: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """int64[n, 2] (x, y) of ``rows`` clipped to their CSV frame and rescaled to ``size`` (H, W)."""
+    height, width = size
+    xs = _scaled(table.x[rows], table.w[rows], width)
+    ys = _scaled(table.y[rows], table.h[rows], height)
+    return np.stack([xs, ys], axis=1)
+
+
 def first_round_tasks(table: ClicksTable, instances: Iterable, *,
                       dataset_names: Mapping[str, str] | None = None) -> dict[tuple[str, str], FirstRoundTask]:
     """The first-round task of every instance with real clicks (both devices, CSV order).
@@ -83,28 +114,43 @@ def first_round_tasks(table: ClicksTable, instances: Iterable, *,
       ``{(dataset, id): FirstRoundTask}`` for every instance with n >= 1 clicks (instances without
       clicks are absent, as the reference skips them).
     """
-    instances = list(instances)
     first = table.filter(click_type="first")
-    per_image = Counter((i.dataset, split_instance_id(i.id)[0]) for i in instances)
-    index: dict[tuple[str, str, str], np.ndarray] = {}
-    for row_index, key in enumerate(zip(first.dataset, first.image_stem, first.object_stem)):
-        index.setdefault(tuple(str(k) for k in key), []).append(row_index)
-    out: dict[tuple[str, str], FirstRoundTask] = {}
-    for instance in instances:
-        csv_name = csv_dataset_name(instance.dataset, first, dataset_names)
-        if csv_name is None:
-            continue
-        stem, code = split_instance_id(instance.id)
-        rows = list(index.get((csv_name, stem, "" if code is None else str(code)), []))
-        if code is not None and not rows and per_image[(instance.dataset, stem)] == 1:
-            rows = list(index.get((csv_name, stem, ""), []))
-        if not rows:
-            continue
-        rows = np.asarray(rows)
-        height, width = instance.size
-        xs = _scaled(first.x[rows], first.w[rows], width)
-        ys = _scaled(first.y[rows], first.h[rows], height)
-        out[instance.key] = FirstRoundTask(str(first.full_stem[rows[0]]), np.stack([xs, ys], axis=1))
+    return {instance.key: FirstRoundTask(str(first.full_stem[rows[0]]), _clicks_xy(first, rows, instance.size))
+            for instance, rows in _matched_rows(first, instances, dataset_names)}
+
+
+class ClickTask(NamedTuple):
+    """One task of the clicks CSV matched to an instance: a round, its previous mask and its real clicks (§1.2).
+
+    Attributes:
+      full_stem: the task key (the name of its previous mask ``<full_stem>.png`` for fn / fp tasks).
+      click_type: ``"first"``, ``"fn"`` or ``"fp"``.
+      clicks: int64[n, 2] (x, y) pixels in the instance's frame, n >= 1, CSV order, both devices.
+    """
+
+    full_stem: str
+    click_type: str
+    clicks: np.ndarray
+
+
+def click_tasks(table: ClicksTable, instances: Iterable, *,
+                dataset_names: Mapping[str, str] | None = None) -> dict[tuple[str, str], tuple[ClickTask, ...]]:
+    """Every task of every instance with real clicks: first-round, fn and fp (the authors' evaluation of the
+    click models reads every ``full_stem`` of a dataset).
+
+    Args:
+      table: the clicks table; instances, dataset_names: as `first_round_tasks`.
+    Returns:
+      ``{(dataset, id): (ClickTask, ...)}``, an instance's tasks in the CSV's order of first appearance.
+    """
+    out = {}
+    for instance, rows in _matched_rows(table, instances, dataset_names):
+        stems = table.full_stem[rows]
+        tasks = []
+        for stem in dict.fromkeys(stems.tolist()):
+            mine = rows[stems == stem]
+            tasks.append(ClickTask(str(stem), str(table.click_type[mine[0]]), _clicks_xy(table, mine, instance.size)))
+        out[instance.key] = tuple(tasks)
     return out
 
 

@@ -1,7 +1,7 @@
 """Tables and figures of the clickability evaluation (RClicks Table 3; docs/protocols/rclicks.md,
 "Clickability evaluation").
 
-A record's payload (`jaxseg_robust.runs.clickability`): ``full_stem``, ``click_type`` ("first"),
+A record's payload (`jaxseg_robust.runs.clickability`): ``full_stem``, ``click_type`` (first / fn / fp),
 ``clicks_xy`` (the real clicks, (x, y) pixels) and ``metrics`` ``{model: {"l1", "ks2d", "wasserstien",
 "nss", "pde"}}``. From the records of one dataset:
 
@@ -11,8 +11,10 @@ A record's payload (`jaxseg_robust.runs.clickability`): ``full_stem``, ``click_t
                   tasks (pandas ``groupby(model_name).mean()``: models sorted, NaN skipped)
   Table 3 CSV     the authors' ``eval_cm_tetris.csv`` (one dataset) / ``eval_cm_all.csv`` (a ``Dataset``
                   column first) layout: KS, PL1, WD, NSS to 2 decimals, PDE as ``1.36E-05``
-  summary         per dataset and model: the task count and each metric's mean and standard deviation
-                  over the tasks (Markdown ``mean ± std``; CSV ``<metric>`` and ``<metric>_std``)
+  summary         per dataset, click type and model: the task count and each metric's mean and standard
+                  deviation over the tasks (Markdown ``mean ± std``; CSV ``<metric>`` and ``<metric>_std``);
+                  click type ``all`` pools the tasks as the authors' tables do, and a dataset whose tasks
+                  have several click types gets one row group per type too
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["METRICS", "MODEL_LABELS", "TABLE3_HEADER", "model_label", "task_rows", "per_image_csv", "mean_rows",
+__all__ = ["ALL_TASKS", "METRICS", "MODEL_LABELS", "TABLE3_HEADER", "model_label", "task_rows", "per_image_csv",
+           "mean_rows", "click_type_means",
            "mean_csv", "table3_csv", "summary_markdown", "summary_csv", "write_tables", "write_clickability_report",
            "ranked_keys", "clickability_figure",
            "plot_clickability"]
 
 METRICS = ("l1", "ks2d", "wasserstien", "nss", "pde")  # the authors' per-image columns, in their order
+CLICK_TYPE_ORDER = ("first", "fn", "fp")  # the clicks CSV's click types, in the summary's order
+ALL_TASKS = "all"  # the summary's click type of every task pooled
 # Table 3's columns: (metric, header of the authors' eval_cm_*.csv, Markdown header, format)
 TABLE3_COLUMNS = (("ks2d", "KS\\,$\\uparrow$", "KS ↑", "{:.2f}"),
                   ("l1", "PL$_1$\\,$\\downarrow$", "PL1 ↓", "{:.2f}"),
@@ -40,7 +45,7 @@ TABLE3_COLUMNS = (("ks2d", "KS\\,$\\uparrow$", "KS ↑", "{:.2f}"),
                   ("pde", "PDE\\,$\\uparrow$", "PDE ↑", "{:.2E}"))
 TABLE3_HEADER = ("Model",) + tuple(column[1] for column in TABLE3_COLUMNS)
 # The paper's row labels of the models it compares (any other model is labelled by its name).
-MODEL_LABELS = {"ud": "UD", "dt": "DT", "saliency": "SM", "rclicks_clickability": "Ours"}
+MODEL_LABELS = {"ud": "UD", "dt": "DT", "saliency_image": "SI", "saliency": "SM", "rclicks_clickability": "Ours"}
 
 
 def model_label(name: str) -> str:
@@ -94,6 +99,17 @@ def mean_rows(rows: Sequence[Mapping]) -> dict[str, dict]:
     return out
 
 
+def click_type_means(rows: Sequence[Mapping]) -> dict[str, dict]:
+    """``{ALL_TASKS: mean_rows(rows)}``, then ``mean_rows`` of each click type's rows (first, fn, fp) when
+    ``rows`` hold more than one click type."""
+    out = {ALL_TASKS: mean_rows(rows)}
+    kinds = {row["click_type"] for row in rows}
+    if len(kinds) > 1:
+        for kind in sorted(kinds, key=lambda k: (CLICK_TYPE_ORDER + (k,)).index(k)):
+            out[kind] = mean_rows([row for row in rows if row["click_type"] == kind])
+    return out
+
+
 def mean_csv(means: Mapping[str, Mapping]) -> str:
     """The authors' ``<Dataset>_mean.csv``: ``model_name`` and the mean of each metric."""
     return _csv_text(("model_name",) + METRICS,
@@ -126,39 +142,47 @@ def _spread_cell(entry: Mapping, metric: str, fmt: str) -> str:
     return fmt.format(mean) if math.isnan(std) else f"{fmt.format(mean)} ± {fmt.format(std)}"
 
 
+def _summary_entries(by_dataset: Mapping[str, Mapping[str, Mapping]], models: Sequence[str]):
+    """``(dataset, click type, model, its means)`` in the summary's order."""
+    for dataset, by_type in by_dataset.items():
+        for kind, means in by_type.items():
+            for name in models:
+                if name in means:
+                    yield dataset, kind, name, means[name]
+
+
 def summary_markdown(by_dataset: Mapping[str, Mapping[str, Mapping]], models: Sequence[str]) -> str:
-    """The run's Table 3 per dataset with each metric's spread over the tasks (``mean ± std``)."""
-    lines = ["| dataset | model | tasks | " + " | ".join(column[2] for column in TABLE3_COLUMNS) + " |",
-             "|---|---|---:|" + "---:|" * len(TABLE3_COLUMNS)]
-    for dataset, means in by_dataset.items():
-        for name in models:
-            if name in means:
-                cells = [_spread_cell(means[name], metric, fmt) for metric, _, _, fmt in TABLE3_COLUMNS]
-                row = [dataset, model_label(name), str(means[name]["tasks"]), *cells]
-                lines.append("| " + " | ".join(row) + " |")
+    """The run's Table 3 per dataset and click type with each metric's spread over the tasks (``mean ± std``).
+
+    Args:
+      by_dataset: ``{dataset: click_type_means(...)}``.
+    """
+    lines = ["| dataset | click type | model | tasks | " + " | ".join(column[2] for column in TABLE3_COLUMNS) + " |",
+             "|---|---|---|---:|" + "---:|" * len(TABLE3_COLUMNS)]
+    for dataset, kind, name, entry in _summary_entries(by_dataset, models):
+        cells = [_spread_cell(entry, metric, fmt) for metric, _, _, fmt in TABLE3_COLUMNS]
+        lines.append("| " + " | ".join([dataset, kind, model_label(name), str(entry["tasks"]), *cells]) + " |")
     return "\n".join(lines)
 
 
 def summary_csv(by_dataset: Mapping[str, Mapping[str, Mapping]], models: Sequence[str]) -> str:
-    """``dataset, model, label, tasks`` and each metric's mean and sample std over the tasks (full precision)."""
-    header = ["dataset", "model", "label", "tasks"] + [name for metric in METRICS for name in (metric, f"{metric}_std")]
-    rows = []
-    for dataset, means in by_dataset.items():
-        for name in models:
-            if name in means:
-                entry = means[name]
-                rows.append([dataset, name, model_label(name), entry["tasks"]]
-                            + [entry[key] for metric in METRICS for key in (metric, f"{metric}_std")])
+    """``dataset, click_type, model, label, tasks`` and each metric's mean and sample std over the tasks (full
+    precision); ``by_dataset`` as `summary_markdown`'s."""
+    header = (["dataset", "click_type", "model", "label", "tasks"]
+              + [name for metric in METRICS for name in (metric, f"{metric}_std")])
+    rows = [[dataset, kind, name, model_label(name), entry["tasks"]]
+            + [entry[key] for metric in METRICS for key in (metric, f"{metric}_std")]
+            for dataset, kind, name, entry in _summary_entries(by_dataset, models)]
     return _csv_text(header, rows)
 
 
 def write_tables(records: Sequence[Mapping], models: Sequence[str], out_dir,
                  datasets: Sequence[str] | None = None) -> tuple[dict, list[pathlib.Path]]:
     """The authors' files of ok ``records``: ``<dataset>_per_image.csv`` and ``<dataset>_mean.csv`` per dataset
-    (``datasets`` order, default the records'), and ``table3.csv``.
+    (``datasets`` order, default the records'), and ``table3.csv`` (every task pooled, as the authors').
 
     Returns:
-      (``{dataset: mean_rows(...)}``, the paths written).
+      (``{dataset: click_type_means(...)}``, the paths written).
     """
     from jaxseg_robust.reports.report_files import file_stem  # noqa: PLC0415
 
@@ -171,12 +195,13 @@ def write_tables(records: Sequence[Mapping], models: Sequence[str], out_dir,
         rows = task_rows([record for record in ok if record["dataset"] == dataset], models)
         if not rows:
             continue
-        by_dataset[dataset] = mean_rows(rows)
-        for suffix, text in (("per_image", per_image_csv(rows)), ("mean", mean_csv(by_dataset[dataset]))):
+        by_dataset[dataset] = click_type_means(rows)
+        for suffix, text in (("per_image", per_image_csv(rows)), ("mean", mean_csv(by_dataset[dataset][ALL_TASKS]))):
             paths.append(out_dir / f"{file_stem(dataset)}_{suffix}.csv")
             paths[-1].write_text(text, encoding="utf-8")
     paths.append(out_dir / "table3.csv")
-    paths[-1].write_text(table3_csv(by_dataset, models), encoding="utf-8")
+    pooled = {dataset: by_type[ALL_TASKS] for dataset, by_type in by_dataset.items()}
+    paths[-1].write_text(table3_csv(pooled, models), encoding="utf-8")
     return by_dataset, paths
 
 
@@ -200,8 +225,8 @@ def write_clickability_report(run_dir, out_dir=None, *, plot_instances=None) -> 
 
 
 def ranked_keys(records: Iterable[Mapping], models: Sequence[str]) -> list[tuple[str, str]]:
-    """Instance keys of ok records from the worst to the best: by the mean PL1 over ``models`` (high = the
-    models' samples far from the real clicks; PL1 is normalised by the object box, so instances compare)."""
+    """Task keys of ok records from the worst to the best: by the mean PL1 over ``models`` (high = the
+    models' samples far from the real clicks; PL1 is normalised by the object box, so tasks compare)."""
     scored = []
     for record in records:
         values = [record["payload"]["metrics"][name]["l1"] for name in models]

@@ -1,21 +1,20 @@
 """`ClickabilitySpec`: RClicks' clickability evaluation (the paper's Table 3) as a run spec
 (docs/protocols/rclicks.md, "Clickability evaluation").
 
-Click models (UD, DT, the RClicks clickability network, any name
-`jaxseg_robust.clicksim.click_models.load_click_model` resolves) are compared
-with real users' first-round clicks of the clicks CSV: per instance with
-clicks, one compiled program computes every model's first-round map
-(`jaxseg_robust.clicksim.map_evaluation.ClickMapsProtocol`), and the finalize
-scores each map on the host with PL1, KS, WD (bootstrapped), NSS and PDE.
+Click models (UD, DT, the saliency baselines, the RClicks clickability network, any name
+`jaxseg_robust.clicksim.click_models.load_click_model` resolves) are compared with real users' clicks of
+the clicks CSV, task by task (one ``full_stem``: the first round of an instance, or an fn / fp round with
+its previous mask from ``prev_masks``; `jaxseg_robust.clicksim.task_instances`): one compiled program
+computes every model's map of a batch of tasks (`jaxseg_robust.clicksim.map_evaluation.ClickMapsProtocol`),
+and the finalize scores each map on the host with PL1, KS, WD (bootstrapped), NSS and PDE.
 
-Records: per instance ``full_stem`` (the CSV task), ``click_type`` ("first"),
-``clicks_xy`` (the real clicks, (x, y) pixels), ``metrics`` ``{model: {"l1",
-"ks2d", "wasserstien", "nss", "pde"}}`` and the image ``source``. The summary
-is each metric's mean ± std over the tasks per dataset and model; beside it
-the authors' files (`jaxseg_robust.reports.clickability`): ``table3.csv``,
-``<dataset>_per_image.csv``, ``<dataset>_mean.csv``, and a figure of every
-model's map with the real and sampled clicks for the worst and the best
-instances (``clickability_<worst|best>_<dataset>_<id>.png``).
+Records: per task ``full_stem``, ``click_type`` (first / fn / fp), ``clicks_xy`` (the real clicks, (x, y)
+pixels), ``metrics`` ``{model: {"l1", "ks2d", "wasserstien", "nss", "pde"}}`` and the image ``source``.
+A first-round task's key is its instance's; an fn / fp task's is ``(dataset, full_stem)``. The summary
+is each metric's mean ± std over the tasks per dataset, click type and model; beside it the authors'
+files (`jaxseg_robust.reports.clickability`): ``table3.csv``, ``<dataset>_per_image.csv``,
+``<dataset>_mean.csv``, and a figure of every model's map with the real and sampled clicks for the worst
+and the best tasks (``clickability_<worst|best>_<dataset>_<id>.png``).
 """
 
 from __future__ import annotations
@@ -41,12 +40,14 @@ class ClickabilityModels:
     Attributes:
       names: the click models' names, in the spec's order.
       models: their `jaxseg_robust.clicksim.click_models.LoadedClickModel`s (parameters replicated).
-      tasks: ``{(dataset, id): clicksim.user_clicks.FirstRoundTask}`` of the instances with real clicks.
+      tasks: ``{task key: clicksim.user_clicks.ClickTask}`` of the tasks evaluated.
+      members: the runner members of those tasks (`clicksim.task_instances.task_members`).
     """
 
     names: tuple[str, ...]
     models: tuple
     tasks: Mapping
+    members: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +70,11 @@ class ClickabilitySpec(ProtocolSpec):
       num_sets: bootstrap sets of PL1, KS and WD per task and model (the authors: 100).
       ks_alpha: the KS test's level; a set counts as alike when its p-value exceeds it (0.05).
       seed: the run seed of the bootstrap draws.
-      plot_instances: figures of the N worst and the N best instances (mean PL1 over the models; 0: none).
+      plot_instances: figures of the N worst and the N best tasks (mean PL1 over the models; 0: none).
+      prev_masks: the folder of the fn / fp rounds' previous masks ``<full_stem>.png`` (the authors'
+        ``SUBSEC_MASKS/...``); None: first-round tasks only.
+      split_file: image stems, one a line (the authors' ``TETRIS_val.txt``): only these images' tasks; each
+        stem must name an image of the instances. None: every instance.
     """
 
     command: ClassVar[str] = "clickability"
@@ -83,6 +88,8 @@ class ClickabilitySpec(ProtocolSpec):
     ks_alpha: float = 0.05
     seed: int = 42
     plot_instances: int = 2
+    prev_masks: str | None = None
+    split_file: str | None = None
 
     def check(self) -> None:
         """Refuses settings that cannot give a table, before anything is loaded.
@@ -107,16 +114,58 @@ class ClickabilitySpec(ProtocolSpec):
         if self.plot_instances < 0:
             raise RunError(f"{{plot_instances}} must be >= 0; got {self.plot_instances}")
 
-    def first_round_tasks(self, instances: Sequence) -> dict:
-        """The first-round task (full stem, real clicks) of every instance with clicks in ``clicks_csv``.
+    def split_instances(self, instances: Sequence) -> list:
+        """The instances whose image stem ``split_file`` lists (all of them without a split file).
 
         Raises:
-          RunError: an unreadable or malformed CSV (the message names its line and column), or no instance
-            with clicks.
+          RunError: naming ``{split_file}``: unreadable, empty, or a stem without an image among the instances.
         """
-        from jaxseg_robust.clicksim.user_clicks import first_round_tasks  # noqa: PLC0415
+        from jaxseg_robust.clicksim.clicks_csv import read_split_file  # noqa: PLC0415
+        from jaxseg_robust.data.datasets import split_instance_id  # noqa: PLC0415
 
-        return matched_first_round(self.clicks_csv, instances, first_round_tasks)
+        if self.split_file is None:
+            return list(instances)
+        try:
+            stems = read_split_file(self.split_file)
+        except (OSError, UnicodeDecodeError) as error:
+            raise RunError(f"{{split_file}}: cannot read {self.split_file} ({error})") from None
+        if not stems:
+            raise RunError(f"{{split_file}} {self.split_file}: no image stem in the file")
+        present = {split_instance_id(instance.id)[0] for instance in instances}
+        missing = [stem for stem in stems if stem not in present]
+        if missing:
+            raise RunError(f"{{split_file}} {self.split_file}: {len(missing)} of {len(stems)} stems have no image "
+                           f"among the instances of the data flags, the first: {missing[0]!r}")
+        chosen = set(stems)
+        return [instance for instance in instances if split_instance_id(instance.id)[0] in chosen]
+
+    def click_tasks(self, instances: Sequence, say: Say) -> tuple[list, dict]:
+        """The runner members of the evaluated tasks and ``{member key: ClickTask}`` (fn / fp rounds only with
+        ``prev_masks``; their previous masks checked from the headers).
+
+        Raises:
+          RunError: an unreadable or malformed CSV (naming its line and column), no instance with clicks, a
+            ``prev_masks`` that is no folder or a previous mask missing, unreadable or of another size (naming
+            the file).
+        """
+        from jaxseg_robust.clicksim.task_instances import task_members  # noqa: PLC0415
+        from jaxseg_robust.clicksim.user_clicks import click_tasks  # noqa: PLC0415
+
+        tasks = matched_first_round(self.clicks_csv, self.split_instances(instances), click_tasks)
+        if self.prev_masks is not None and not pathlib.Path(self.prev_masks).is_dir():
+            raise RunError(f"{{prev_masks}} {self.prev_masks}: not a folder")
+        try:
+            members, by_key = task_members(instances, tasks, self.prev_masks)
+        except ValueError as error:
+            raise RunError(f"{{prev_masks}}: {error}") from None
+        later = sum(task.click_type != "first" for one in tasks.values() for task in one)
+        if self.prev_masks is None and later:
+            say(f"{later} fn / fp tasks are not evaluated: no folder of their previous masks (prev_masks, "
+                "--prev-masks)")
+        if not members:
+            raise RunError(f"{{clicks_csv}} {self.clicks_csv}: no first-round task matches the instances; the fn / fp "
+                           "tasks need {prev_masks}")
+        return members, by_key
 
     def load_click_models(self, mesh) -> tuple:
         """Every model of ``models`` (`load_click_model`), parameters replicated over ``mesh``.
@@ -141,50 +190,58 @@ class ClickabilitySpec(ProtocolSpec):
         return tuple(loaded)
 
     def load_model(self, model: ModelSpec | None, instances: Sequence, mesh, say: Say) -> ClickabilityModels:
-        """The real clicks (checked before any model is loaded), then the click models; ``model`` (the run
-        spec's segmenter, None from the command line) is not used: this protocol runs no segmenter."""
-        tasks = self.first_round_tasks(instances)
-        say(f"{len(tasks)} of {len(instances)} instances have first-round clicks in {self.clicks_csv}")
+        """The tasks and their clicks (checked before any model is loaded), then the click models; ``model``
+        (the run spec's segmenter, None from the command line) is not used: this protocol runs no segmenter."""
+        members, tasks = self.click_tasks(instances, say)
+        counts = {kind: sum(task.click_type == kind for task in tasks.values()) for kind in ("first", "fn", "fp")}
+        say(f"{len(tasks)} tasks ({counts['first']} first, {counts['fn']} fn, {counts['fp']} fp) of "
+            f"{len(instances)} instances in {self.clicks_csv}")
         say(f"loading click models {', '.join(self.models)} ...")
-        return ClickabilityModels(tuple(self.models), self.load_click_models(mesh), tasks)
+        return ClickabilityModels(tuple(self.models), self.load_click_models(mesh), tasks, tuple(members))
 
     def manifest_config(self, models: ClickabilityModels) -> dict:
         """The run configuration recorded in (and compared on resume with) the manifest."""
         return {"protocol": self.command, "models": list(models.names),
                 "model_sources": [loaded.source for loaded in models.models],
                 "clicks_csv": str(pathlib.Path(self.clicks_csv).resolve()), "num_sets": self.num_sets,
-                "ks_alpha": self.ks_alpha, "seed": self.seed}
+                "ks_alpha": self.ks_alpha, "seed": self.seed,
+                "prev_masks": None if self.prev_masks is None else str(pathlib.Path(self.prev_masks).resolve()),
+                "split_file": None if self.split_file is None else str(pathlib.Path(self.split_file).resolve())}
 
     def finalize(self, tasks: Mapping, names: Sequence[str]):
-        """The engine's ``finalize``: each model's map scored on the host (`clicksim.map_evaluation.task_metrics`)."""
+        """The engine's ``finalize``: each model's map scored on the host (`clicksim.map_evaluation.task_metrics`),
+        and the image ``source`` (`reports.sources.image_source`, its ``gt`` the task's object)."""
         from jaxseg_robust.clicksim.map_evaluation import MAPS_KEY, task_key, task_metrics  # noqa: PLC0415
-        from jaxseg_robust.reports.sources import with_image_source  # noqa: PLC0415
+        from jaxseg_robust.clicksim.task_instances import task_object  # noqa: PLC0415
+        from jaxseg_robust.data.coco_rle import encode_mask  # noqa: PLC0415
+        from jaxseg_robust.reports.sources import SOURCE_KEY, image_source  # noqa: PLC0415
 
         def score(instance, outputs) -> dict:
             task = tasks[instance.key]
             height, width = instance.size
             maps = outputs[MAPS_KEY]
+            object_mask = task_object(instance.gt)
             metrics = {name: task_metrics(task_key(self.seed, instance.key, name), maps[index, :height, :width],
-                                          task.clicks, instance.gt, num_sets=self.num_sets, alpha=self.ks_alpha)
+                                          task.clicks, object_mask, num_sets=self.num_sets, alpha=self.ks_alpha)
                        for index, name in enumerate(names)}
-            return {"full_stem": task.full_stem, "click_type": "first", "clicks_xy": task.clicks.tolist(),
-                    "metrics": metrics}
+            source = {**image_source(instance), "gt": encode_mask(object_mask)}  # the object, not the task labels
+            return {"full_stem": task.full_stem, "click_type": task.click_type, "clicks_xy": task.clicks.tolist(),
+                    "metrics": metrics, SOURCE_KEY: source}
 
-        return with_image_source(score)
+        return score
 
     def plan(self, model: ClickabilityModels, instances, run_dir, say: Say) -> ClickabilityPlan:
-        """The clickability maps' `HostDrivenProgram` over the instances with real clicks."""
+        """The clickability maps' `HostDrivenProgram` over the tasks (``model.members``)."""
         from jaxseg_robust.clicksim.map_evaluation import ClickMapsProtocol  # noqa: PLC0415
-        from jaxseg_robust.data.instances import require_object  # noqa: PLC0415
+        from jaxseg_robust.clicksim.task_instances import require_task_masks  # noqa: PLC0415
         from jaxseg_robust.runner.fingerprints import fingerprint_params  # noqa: PLC0415
         from jaxseg_robust.runner.program import HostDrivenProgram  # noqa: PLC0415
 
         protocol = ClickMapsProtocol(model.names, model.models)
-        chosen = [instance for instance in instances if instance.key in model.tasks]
         fingerprint = fingerprint_params(tuple(loaded.params for loaded in model.models))
-        return ClickabilityPlan(chosen, HostDrivenProgram(protocol), self.manifest_config(model), fingerprint,
-                                finalize=self.finalize(model.tasks, model.names), check=require_object,
-                                protocol=protocol, tasks=model.tasks)
+        return ClickabilityPlan(list(model.members), HostDrivenProgram(protocol), self.manifest_config(model),
+                                fingerprint, finalize=self.finalize(model.tasks, model.names),
+                                check=require_task_masks, protocol=protocol, tasks=model.tasks)
 
     def summarize(self, run_dir, plan: ClickabilityPlan, say: Say) -> RunTables:
         """The per-dataset table with spreads and the authors' CSVs; the figures of the worst and best
@@ -208,10 +265,11 @@ class ClickabilitySpec(ProtocolSpec):
 
 def plot_extremes(records: Sequence[Mapping], plan: ClickabilityPlan, spec: ClickabilitySpec,
                   out_dir: pathlib.Path) -> list[pathlib.Path]:
-    """Figures of the ``spec.plot_instances`` worst and best recorded instances (`reports.clickability.ranked_keys`):
-    each model's metric map, the real clicks and as many clicks sampled from the map
+    """Figures of the ``spec.plot_instances`` worst and best recorded tasks (`reports.clickability.ranked_keys`):
+    each model's metric map, the object's outline, the real clicks and as many clicks sampled from the map
     (``clickability_<worst|best>_<dataset>_<id>.png``)."""
     from jaxseg_robust.clicksim.map_evaluation import metric_map, task_key  # noqa: PLC0415
+    from jaxseg_robust.clicksim.task_instances import task_object  # noqa: PLC0415
     from jaxseg_robust.metrics.clicks import bootstrap_click_sets  # noqa: PLC0415
     from jaxseg_robust.reports.clickability import plot_clickability, ranked_keys  # noqa: PLC0415
     from jaxseg_robust.reports.report_files import file_stem  # noqa: PLC0415
@@ -232,6 +290,8 @@ def plot_extremes(records: Sequence[Mapping], plan: ClickabilityPlan, spec: Clic
         samples = {name: np.asarray(bootstrap_click_sets(task_key(spec.seed, key, name), maps[name], len(clicks), 1)[0])
                    for name in spec.models}
         path = out_dir / f"clickability_{kind}_{file_stem(instance.dataset, instance.id)}.png"
-        paths.append(plot_clickability(path, instance.image, instance.gt, maps, clicks, samples,
-                                       title=f"{kind}: {instance.dataset}/{instance.id} ({len(clicks)} real clicks)"))
+        click_type = plan.tasks[key].click_type
+        paths.append(plot_clickability(path, instance.image, task_object(instance.gt).astype(np.int8), maps, clicks,
+                                       samples, title=f"{kind}: {instance.dataset}/{instance.id} ({click_type}, "
+                                                      f"{len(clicks)} real clicks)"))
     return paths

@@ -1,8 +1,10 @@
-"""TranSalNet saliency as a click model: RClicks' SM baseline (docs/models/transalnet.md, "The SM construction").
+"""TranSalNet saliency as a click model: RClicks' SM and SI baselines (docs/models/transalnet.md, "The SM
+construction").
 
 The authors' ``rclicks.clicksim.SaliencyModel`` (bbox_rsize 1.4; the paper's
 Appendix B.2, variant "SM") turns the error region ``R`` of a round into a
-click distribution:
+click distribution (their ``SaliencyImageModel``, "SI" of Table 6, skips step 2:
+the network sees the raw crop):
 
 1. crop the image to the bounding box of ``R`` grown by 1.4: with ``h`` the box
    height, ``d = int((int(1.4·h) − h) / 2)`` rows are added above and below
@@ -138,11 +140,12 @@ def crop_geometry(region: jax.Array, image_hw: jax.Array, input_hw: tuple[int, i
 
 
 def sm_network_input(image: jax.Array, region: jax.Array, crop: CropGeometry,
-                     input_hw: tuple[int, int]) -> jax.Array:
+                     input_hw: tuple[int, int], grey_outside: bool = True) -> jax.Array:
     """Steps 2-3: the grey-outside-``region`` crop letterboxed into f32[in_h, in_w, 3] in [0, 1].
 
     Args:
       image: f32[Hf, Wf, 3] RGB in 0..255; region: bool[Hf, Wf]; crop: `crop_geometry`'s.
+      grey_outside: static; True: step 2 (SM); False: the raw crop (SI).
     """
     frame_h, frame_w = region.shape
     in_h, in_w = input_hw
@@ -150,7 +153,7 @@ def sm_network_input(image: jax.Array, region: jax.Array, crop: CropGeometry,
     fit_w = jnp.where(crop.tall, _scaled(crop.width, in_h, crop.height), in_w)
     rows = resize_matrix(jnp.arange(in_h) - (in_h - fit_h) // 2, fit_h, crop.height, crop.top, frame_h)
     cols = resize_matrix(jnp.arange(in_w) - (in_w - fit_w) // 2, fit_w, crop.width, crop.left, frame_w)
-    composite = jnp.where(region[..., None], image, GREY_LEVEL)
+    composite = jnp.where(region[..., None], image, GREY_LEVEL) if grey_outside else image
     canvas = jnp.einsum("yh,hwc,xw->yxc", rows, composite, cols, precision=lax.Precision.HIGHEST)
     pasted = jnp.any(rows != 0, axis=1)[:, None] & jnp.any(cols != 0, axis=1)[None, :]
     return jnp.where(pasted[..., None], _round_to_level(canvas), LETTERBOX_FILL) / 255.0
@@ -177,8 +180,8 @@ def sm_distribution(saliency: jax.Array, region: jax.Array, crop: CropGeometry) 
 
 
 def sm_clickability(saliency_fn: Callable[[jax.Array], jax.Array], image: jax.Array, image_hw: jax.Array,
-                    region: jax.Array, input_hw: tuple[int, int]) -> jax.Array:
-    """The SM construction (module docstring, steps 1-6) around any saliency function.
+                    region: jax.Array, input_hw: tuple[int, int], grey_outside: bool = True) -> jax.Array:
+    """The SM construction (module docstring, steps 1-6; SI without step 2) around any saliency function.
 
     Args:
       saliency_fn: f32[in_h, in_w, 3] network input in [0, 1] -> f32[in_h, in_w] saliency in [0, 1].
@@ -186,11 +189,13 @@ def sm_clickability(saliency_fn: Callable[[jax.Array], jax.Array], image: jax.Ar
       image_hw: int32[2] the image's (H, W).
       region: bool[Hf, Wf] error region (inside the image).
       input_hw: static network input (in_h, in_w) = (288, 384).
+      grey_outside: static; True: SM (grey outside ``region`` in the crop); False: SI (the raw crop).
     Returns:
       f32[Hf, Wf]: the click distribution (see `sm_distribution`).
     """
     crop = crop_geometry(region, image_hw, input_hw)
-    return sm_distribution(saliency_fn(sm_network_input(image, region, crop, input_hw)), region, crop)
+    canvas = sm_network_input(image, region, crop, input_hw, grey_outside)
+    return sm_distribution(saliency_fn(canvas), region, crop)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,11 +204,18 @@ class SaliencyClickModel(NetworkBackedClickModel):
 
     Params are the network's variables ``{"params", "batch_stats"}``
     (`jaxseg_robust.models.saliency.network.load_converted` or ``init``).
+
+    Attributes:
+      config: the network's configuration.
+      name: the click model's name.
+      grey_outside: True: SM (the crop is grey outside the error region); False: SI (the raw crop,
+        the authors' ``SaliencyImageModel``). `jaxseg_robust.models.saliency.registry.VARIANTS` names both.
     """
 
     network_type: ClassVar[type] = TranSalNet
     config: TranSalNetConfig = TRANSALNET_RES
     name: str = "saliency"
+    grey_outside: bool = True
 
     def prepare(self, image, gt, frame_hw) -> dict:
         """The image in the frame and its size (host).
@@ -221,7 +233,7 @@ class SaliencyClickModel(NetworkBackedClickModel):
         return {"image": framed, "image_hw": np.asarray([height, width], np.int32)}
 
     def clickability(self, params, prepared, region, inside) -> jax.Array:
-        """The SM map of ``region``: f32[Hf, Wf], sum 1 on the region (0 elsewhere).
+        """The SM (SI) map of ``region``: f32[Hf, Wf], sum 1 on the region (0 elsewhere).
 
         Args:
           params: network variables.
@@ -235,4 +247,5 @@ class SaliencyClickModel(NetworkBackedClickModel):
             return self.net.apply(params, canvas[None])[0]
 
         return sm_clickability(saliency, jnp.asarray(prepared["image"], jnp.float32),
-                               jnp.asarray(prepared["image_hw"], jnp.int32), region, tuple(self.config.input_hw))
+                               jnp.asarray(prepared["image_hw"], jnp.int32), region, tuple(self.config.input_hw),
+                               self.grey_outside)

@@ -4,21 +4,32 @@ Family ``"transalnet"`` (`TranSalNetConfig`), the name ``transalnet_res`` (the r
 TranSalNet_Res, converted by ``python -m ports transalnet``; RClicks' SM baseline) and
 ``transalnet_tiny`` (random weights only, for tests). A loaded name is a
 `LoadedClickModel` around the `SaliencyClickModel`; `jaxseg_robust.clicksim.click_models`
-resolves the simulator's click-model choices (``"saliency"`` = `ZOO_NAME`) through the zoo.
+resolves the simulator's click-model choices through the zoo: the `VARIANTS` ``"saliency"`` (SM,
+the grey-masked crop) and ``"saliency_image"`` (SI, the raw crop) are `ZOO_NAME`'s weights behind
+the construction of each (`saliency_variant`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from jaxseg_robust.models import zoo
 from jaxseg_robust.models.clickability.click_model import LoadedClickModel
 from jaxseg_robust.models.saliency.click_model import SaliencyClickModel
 from jaxseg_robust.models.saliency.config import FAMILY, TINY, TRANSALNET_RES, TranSalNetConfig
 
-__all__ = ["ALIAS", "TINY_NAME", "ZOO_NAME"]
+__all__ = ["ALIAS", "IMAGE_ALIAS", "TINY_NAME", "VARIANTS", "ZOO_NAME", "saliency_variant"]
 
 ZOO_NAME = "transalnet_res"
 TINY_NAME = "transalnet_tiny"
 ALIAS = "saliency"  # the click-model name of RClicks' SM baseline
+IMAGE_ALIAS = "saliency_image"  # the click-model name of RClicks' SI baseline (Table 6)
+VARIANTS = {ALIAS: True, IMAGE_ALIAS: False}  # click-model name -> SaliencyClickModel.grey_outside
+
+
+def saliency_variant(model: SaliencyClickModel, name: str) -> SaliencyClickModel:
+    """``model`` (a loaded TranSalNet click model) as the variant ``name`` of `VARIANTS` (SM or SI)."""
+    return dataclasses.replace(model, name=name, grey_outside=VARIANTS[name])
 
 
 def _with_compute_dtype(config: TranSalNetConfig, compute_dtype: str) -> TranSalNetConfig:
