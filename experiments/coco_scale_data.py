@@ -13,7 +13,7 @@ Ground truths: star-shaped polygons (8-24 vertices) whose areas follow
 COCO's mix of small / medium / large objects (about 41 / 34 / 25 % by
 count), a tenth of them in two parts; about 1 % crowd regions, written as
 uncompressed RLE (``counts`` a list) as COCO's crowd annotations are.
-``area`` is the polygons' shoelace area (COCO-style), the pixel count for
+``area`` is the sum of the parts' shoelace areas (COCO-style), the pixel count for
 crowd RLE; ``bbox`` is the polygons' extent, the mask's for crowd.
 
 Detections (the results file, ``loadRes`` format): perturbed copies of the
