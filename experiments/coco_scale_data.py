@@ -24,6 +24,13 @@ mask rasterised by pycocotools and written as compressed RLE with its box
 Per-image counts of ground truths are a multinomial draw over gamma-weighted
 images (heavy-tailed, some images empty), so the totals are exactly the
 spec's. One seed gives the same bytes on every run.
+
+Panoptic variant (`write_panoptic_set`, panopticapi's PNG + JSON format):
+the same image sizes and per-image thing counts, 2-5 stuff regions per
+image (a Voronoi split over COCO panoptic's 53 stuff categories) under the
+things, a VOID strip in half the images, about 1 % crowd things; the
+prediction moves the stuff, perturbs, drops and relabels things and adds
+spurious ones.
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ DETECTIONS_PER_IMAGE = 100
 # COCO's object-size classes (areas in pixels²) and their shares of val2017's objects by count
 SIZE_AREA_RANGES = ((16.0, 32.0 ** 2), (32.0 ** 2, 96.0 ** 2), (96.0 ** 2, None))
 SIZE_SHARES = (0.41, 0.34, 0.25)
+# The files of a set's folder: instance ground truth and results, panoptic ground truth and prediction
+INSTANCE_FILES = {"gt": "gt.json", "results": "results.json"}
+PANOPTIC_FILES = {"gt_json": "panoptic_gt.json", "gt_folder": "panoptic_gt", "pred_json": "panoptic_pred.json",
+                  "pred_folder": "panoptic_pred"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +250,7 @@ def categories() -> list[dict]:
 
 
 def write_instance_set(folder, spec: CocoScaleSpec) -> dict:
-    """Writes ``folder/gt.json`` and ``folder/results.json``; returns their paths and the counts written.
+    """Writes ``folder/gt.json`` and ``folder/results.json``; returns their paths (`INSTANCE_FILES` keys) and counts.
 
     The results file is written image by image (never held whole), so the
     full scale needs little memory beyond the ground truth.
@@ -249,7 +260,8 @@ def write_instance_set(folder, spec: CocoScaleSpec) -> dict:
     rng = np.random.default_rng(spec.seed)
     sizes, per_image = image_sizes(rng, spec.images), ground_truths_per_image(rng, spec)
     images, annotations, detections = [], [], 0
-    with open(folder / "results.json", "w", encoding="utf-8") as results:
+    paths = {key: folder / name for key, name in INSTANCE_FILES.items()}
+    with open(paths["results"], "w", encoding="utf-8") as results:
         results.write("[")
         for index, ((height, width), count) in enumerate(zip(sizes.tolist(), per_image.tolist())):
             image_id = index + 1
@@ -264,22 +276,176 @@ def write_instance_set(folder, spec: CocoScaleSpec) -> dict:
         results.write("]")
     document = {"info": {"description": f"synthetic COCO-scale set, seed {spec.seed}"}, "images": images,
                 "annotations": annotations, "categories": categories()}
-    (folder / "gt.json").write_text(json.dumps(document), encoding="utf-8")
-    return {"gt": folder / "gt.json", "results": folder / "results.json", "images": len(images),
-            "ground_truths": len(annotations), "detections": detections}
+    paths["gt"].write_text(json.dumps(document), encoding="utf-8")
+    return {**paths, "images": len(images), "ground_truths": len(annotations), "detections": detections}
+
+
+
+# ---- panoptic ---------------------------------------------------------------------------------------------
+
+# COCO panoptic's 53 stuff categories follow the 80 things; ids here run on from 92 (COCO's first stuff id)
+STUFF_CATEGORY_IDS = tuple(range(92, 92 + 53))
+
+
+def panoptic_categories() -> list[dict]:
+    """COCO panoptic ``categories``: the 80 things (``isthing`` 1) and 53 stuff categories (``isthing`` 0)."""
+    return ([{"id": cid, "name": f"thing{cid}", "supercategory": "object", "isthing": 1} for cid in COCO_CATEGORY_IDS]
+            + [{"id": cid, "name": f"stuff{cid}", "supercategory": "stuff", "isthing": 0}
+               for cid in STUFF_CATEGORY_IDS])
+
+
+def stuff_regions(seeds: np.ndarray, height: int, width: int, block: int = 4) -> np.ndarray:
+    """[H, W] int: the index of the seed ([K, 2] (x, y)) nearest to each ``block`` x ``block`` cell's centre.
+
+    A Voronoi split of the image at ``block``-pixel resolution (stuff
+    boundaries in steps of ``block`` pixels).
+    """
+    ys = np.arange(0, height, block, dtype=np.float32) + block / 2
+    xs = np.arange(0, width, block, dtype=np.float32) + block / 2
+    distances = ((xs[None, None, :] - seeds[:, 0, None, None].astype(np.float32)) ** 2
+                 + (ys[None, :, None] - seeds[:, 1, None, None].astype(np.float32)) ** 2)
+    cells = np.argmin(distances, axis=0)
+    return np.repeat(np.repeat(cells, block, axis=0), block, axis=1)[:height, :width]
+
+
+def segment_table(ids: np.ndarray) -> dict[int, tuple[int, list[int]]]:
+    """{segment id: (pixel count, bbox [x, y, w, h])} of every non-zero id of an id map [H, W]."""
+    height, width = ids.shape
+    flat = ids.ravel()
+    top = int(flat.max()) + 1
+    counts = np.bincount(flat, minlength=top)
+    rows, cols = np.repeat(np.arange(height), width), np.tile(np.arange(width), height)
+    low_y, low_x = np.full(top, height), np.full(top, width)
+    high_y, high_x = np.full(top, -1), np.full(top, -1)
+    np.minimum.at(low_y, flat, rows)
+    np.minimum.at(low_x, flat, cols)
+    np.maximum.at(high_y, flat, rows)
+    np.maximum.at(high_x, flat, cols)
+    return {int(k): (int(counts[k]), [int(low_x[k]), int(low_y[k]), int(high_x[k] - low_x[k] + 1),
+                                      int(high_y[k] - low_y[k] + 1)])
+            for k in np.flatnonzero(counts) if k > 0}
+
+
+def object_masks(parts_per_object: list[list[np.ndarray]], height: int, width: int) -> np.ndarray:
+    """[N, H, W] bool: the objects' polygons rasterised (pycocotools)."""
+    import pycocotools.mask as mask_utils  # noqa: PLC0415
+
+    rles = merged_rles(parts_per_object, height, width)
+    if not rles:
+        return np.zeros((0, height, width), bool)
+    return np.moveaxis(mask_utils.decode(rles), -1, 0).astype(bool)
+
+
+def painted_segments(stuff_map: np.ndarray, stuff_labels: list[int], things: list[tuple[list, int, int]],
+                     void: np.ndarray | None) -> tuple[np.ndarray, list[dict]]:
+    """A segment-id map [H, W] (0 = VOID) and its ``segments_info``.
+
+    Stuff region k gets id k + 1 and category ``stuff_labels[k]``; things
+    (parts, category, iscrowd) are painted over it in order with the next ids;
+    ``void`` pixels are 0. Segments left without pixels are dropped; ``area``
+    is the pixel count, ``bbox`` the extent [x, y, w, h].
+    """
+    height, width = stuff_map.shape
+    ids = stuff_map.astype(np.int32) + 1
+    labels = {k + 1: (category, 0) for k, category in enumerate(stuff_labels)}
+    masks = object_masks([parts for parts, _, _ in things], height, width)
+    for index, (mask, (_, category, crowd)) in enumerate(zip(masks, things)):
+        segment = len(stuff_labels) + index + 1
+        ids[mask] = segment
+        labels[segment] = (category, crowd)
+    if void is not None:
+        ids[void] = 0
+    segments = [{"id": segment, "category_id": labels[segment][0], "iscrowd": labels[segment][1], "area": area,
+                 "bbox": box} for segment, (area, box) in segment_table(ids).items()]
+    return ids, segments
+
+
+def panoptic_pair(rng: np.random.Generator, count: int, height: int, width: int) -> tuple:
+    """One image's ground truth and prediction: (gt ids, gt segments, pred ids, pred segments).
+
+    Ground truth: 2-5 stuff regions (distinct stuff categories), ``count``
+    things (a 1 % crowd), a VOID strip in half the images. Prediction: the
+    stuff seeds moved and a tenth of the stuff relabelled, every thing kept
+    with probability 0.85 as a perturbed copy (a tenth with a wrong
+    category), 0-3 spurious things; one segment per stuff category in both.
+    """
+    seeds = rng.uniform([0, 0], [width, height], (int(rng.integers(2, 6)), 2))
+    stuff = [int(c) for c in rng.choice(STUFF_CATEGORY_IDS, len(seeds), replace=False)]
+    objects = image_objects(rng, count, height, width)
+    crowd = rng.random(count) < 0.01
+    void = None
+    if rng.random() < 0.5:
+        row = int(rng.integers(0, height - 8))
+        void = np.zeros((height, width), bool)
+        void[row:row + int(rng.integers(2, 9))] = True
+    gt_ids, gt_segments = painted_segments(stuff_regions(seeds, height, width), stuff,
+                                           [(parts, category, int(c)) for (parts, category), c in zip(objects, crowd)],
+                                           void)
+    pred_stuff = list(stuff)
+    for k in np.flatnonzero(rng.random(len(stuff)) < 0.1):  # relabelled to a stuff category not yet in the image
+        pred_stuff[k] = int(rng.choice([c for c in STUFF_CATEGORY_IDS if c not in pred_stuff]))
+    pred_things = [(perturbed_parts(rng, parts, height, width),
+                    int(rng.choice(COCO_CATEGORY_IDS)) if rng.random() < 0.1 else category, 0)
+                   for parts, category in objects if rng.random() < 0.85]
+    pred_things += [(parts, category, 0) for parts, category in image_objects(rng, int(rng.integers(0, 4)), height,
+                                                                              width)]
+    moved = np.clip(seeds + rng.normal(0, 0.05 * width, seeds.shape), 0, [width, height])
+    pred_ids, pred_segments = painted_segments(stuff_regions(moved, height, width), pred_stuff, pred_things, None)
+    return gt_ids, gt_segments, pred_ids, pred_segments
+
+
+def id_png(ids: np.ndarray, path: pathlib.Path) -> None:
+    """Writes a segment-id map as panopticapi's RGB PNG (id = R + 256 G + 256² B)."""
+    from PIL import Image  # noqa: PLC0415
+
+    rgb = np.ascontiguousarray(ids.astype("<u4").view(np.uint8).reshape(*ids.shape, 4)[..., :3])
+    Image.fromarray(rgb).save(path, compress_level=1)
+
+
+def write_panoptic_set(folder, spec: CocoScaleSpec) -> dict:
+    """Writes the panoptic variant in panopticapi's format; returns the paths (`PANOPTIC_FILES` keys) and counts.
+
+    ``folder/panoptic_gt.json`` + ``folder/panoptic_gt/*.png`` and
+    ``folder/panoptic_pred.json`` + ``folder/panoptic_pred/*.png``: the
+    spec's images and sizes, ``spec.ground_truths`` things in all (the same
+    per-image draw as the instance set), stuff and predictions as
+    `panoptic_pair` makes them.
+    """
+    paths = {key: pathlib.Path(folder) / name for key, name in PANOPTIC_FILES.items()}
+    rng = np.random.default_rng([spec.seed, 1])
+    sizes, per_image = image_sizes(rng, spec.images), ground_truths_per_image(rng, spec)
+    names = ("gt", "pred")
+    for name in names:
+        paths[f"{name}_folder"].mkdir(parents=True, exist_ok=True)
+    documents = {name: {"images": [], "annotations": [], "categories": panoptic_categories()} for name in names}
+    for index, ((height, width), count) in enumerate(zip(sizes.tolist(), per_image.tolist())):
+        image_id = index + 1
+        gt_ids, gt_segments, pred_ids, pred_segments = panoptic_pair(rng, count, height, width)
+        for name, ids, segments in (("gt", gt_ids, gt_segments), ("pred", pred_ids, pred_segments)):
+            id_png(ids, paths[f"{name}_folder"] / f"{image_id:012d}.png")
+            documents[name]["images"].append({"id": image_id, "height": height, "width": width,
+                                              "file_name": f"{image_id:012d}.jpg"})
+            documents[name]["annotations"].append({"image_id": image_id, "file_name": f"{image_id:012d}.png",
+                                                   "segments_info": segments})
+    for name in names:
+        paths[f"{name}_json"].write_text(json.dumps(documents[name]), encoding="utf-8")
+    return {**paths, "images": spec.images,
+            "segments": sum(len(a["segments_info"]) for a in documents["gt"]["annotations"])}
 
 
 def main() -> None:
-    """``python experiments/coco_scale_data.py FOLDER [--scale S] [--seed N]``: writes the set, prints the counts."""
+    """``python experiments/coco_scale_data.py FOLDER [--scale S] [--seed N] [--panoptic]``: writes, prints counts."""
     import argparse  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folder")
     parser.add_argument("--scale", type=float, default=1.0, help="1 = 5,000 images (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--panoptic", action="store_true", help="also write the panoptic variant")
     args = parser.parse_args()
-    written = write_instance_set(args.folder, scaled_spec(args.scale, args.seed))
-    print(", ".join(f"{key} {value}" for key, value in written.items()))
+    spec = scaled_spec(args.scale, args.seed)
+    for write in (write_instance_set, write_panoptic_set) if args.panoptic else (write_instance_set,):
+        print(", ".join(f"{key} {value}" for key, value in write(args.folder, spec).items()))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The peers mode of experiments/benchmarks/bench_coco_eval.py: its measurement and its comparison.
 
-The child's peak RSS is the child's, not this process's; the 12 numbers of
-the CLI's CSV come back in COCOeval's order; the reference is pycocotools for
-mask AP and boundary-iou-api, else vernier, for Boundary AP.
+The child's peak RSS is the child's, not this process's; the numbers of the
+CLI's CSV come back in COCOeval's (panopticapi's) order; the reference is
+pycocotools for mask AP and boundary-iou-api, else vernier, for the others.
 """
 
 from __future__ import annotations
@@ -37,22 +37,26 @@ def test_peak_rss_is_the_childs_not_this_process(tmp_path):
     assert all(run[0] > 0 for run in (small, large, failed))
 
 
-def test_cli_stats_reads_the_csv_in_cocoevals_order(tmp_path):
-    values = {name: index / 100 for index, name in enumerate(reversed(COCO_SUMMARY_NAMES))}
-    path = tmp_path / "ap.csv"
+@pytest.mark.parametrize(("task", "names"), [("boundary", COCO_SUMMARY_NAMES),
+                                             ("boundary-pq", bench_coco_eval.PANOPTIC_NAMES)])
+def test_cli_stats_reads_the_csv_in_the_reference_order(tmp_path, task, names):
+    values = {name: index / 100 for index, name in enumerate(reversed(names))}
+    path = tmp_path / "summary.csv"
     path.write_text(summary_csv(values))
-    np.testing.assert_array_equal(bench_coco_eval.cli_stats(path), [values[name] for name in COCO_SUMMARY_NAMES])
+    np.testing.assert_array_equal(bench_coco_eval.cli_stats(path, task), [values[name] for name in names])
 
 
-@pytest.mark.parametrize(("iou_type", "available", "expected"), [
+@pytest.mark.parametrize(("task", "available", "expected"), [
     ("segm", {"pycocotools", "vernier-1", "boundary-iou-api"}, "pycocotools"),
     ("segm", {"vernier-1", "boundary-iou-api"}, None),
     ("boundary", {"pycocotools", "vernier-1", "boundary-iou-api"}, "boundary-iou-api"),
     ("boundary", {"pycocotools", "vernier-1"}, "vernier-1"),
     ("boundary", {"hotcoco"}, None),
+    ("pq", {"hotcoco", "vernier-1", "boundary-iou-api"}, "boundary-iou-api"),
+    ("boundary-pq", {"hotcoco", "vernier-1"}, "vernier-1"),
 ])
-def test_reference(iou_type, available, expected):
-    assert bench_coco_eval.reference_key(iou_type, available) == expected
+def test_reference(task, available, expected):
+    assert bench_coco_eval.reference_key(task, available) == expected
 
 
 def test_difference_text():
@@ -63,10 +67,12 @@ def test_difference_text():
     assert bench_coco_eval.difference_text(reference, None) == "n/a"
 
 
-def test_peers_declare_their_iou_types():
+def test_peers_declare_their_tasks():
     peers = {peer.key: peer for peer in bench_coco_eval.declared_peers(2)}
     assert set(peers) == {"jaxseg-cold", "jaxseg-warm", "vernier-1", "vernier-2", "hotcoco", "faster-coco-eval",
                           "pycocotools", "boundary-iou-api"}
-    assert {key for key, peer in peers.items() if "boundary" in peer.iou_types} == {
-        "jaxseg-cold", "jaxseg-warm", "vernier-1", "vernier-2", "faster-coco-eval", "boundary-iou-api"}
+    doing = {task: {key for key, peer in peers.items() if task in peer.tasks} for task in bench_coco_eval.TASK_TITLES}
+    every = {"jaxseg-cold", "jaxseg-warm", "vernier-1", "vernier-2", "boundary-iou-api"}
+    assert doing == {"segm": set(peers), "boundary": every | {"faster-coco-eval"}, "pq": every | {"hotcoco"},
+                     "boundary-pq": every}
     assert all(peer.worker in bench_coco_eval.WORKERS for peer in peers.values() if peer.launch == "worker")

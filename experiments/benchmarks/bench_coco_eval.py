@@ -194,7 +194,11 @@ def stages_main(args) -> None:
 
 # ---- peers: one child process per evaluator ------------------------------------------------------------
 
-IOU_TYPE_TITLES = {"segm": "mask AP", "boundary": "Boundary AP"}
+TASK_TITLES = {"segm": "mask AP", "boundary": "Boundary AP", "pq": "PQ", "boundary-pq": "Boundary PQ"}
+PANOPTIC_TASKS = ("pq", "boundary-pq")
+# panopticapi's 9 numbers, in the order every table and comparison uses
+PANOPTIC_NAMES = ("PQ_all", "SQ_all", "RQ_all", "PQ_things", "SQ_things", "RQ_things", "PQ_stuff", "SQ_stuff",
+                  "RQ_stuff")
 GiB = 1024 ** 3
 
 
@@ -202,18 +206,19 @@ GiB = 1024 ** 3
 class Peer:
     """One evaluator of the peers mode.
 
-    ``launch``: ``"cli"`` (the ``jaxseg-robust coco-eval`` command, numbers read
-    from its ``--out`` CSV) or ``"worker"`` (this script with ``--worker
-    worker``, numbers written as JSON); ``package``: the distribution whose
-    version the header prints and whose absence skips the peer (``None``:
-    the boundary-iou-api checkout); ``cache``: ``"cold"`` empties the CLI's
-    compilation cache first, ``"warm"`` reuses the cold run's.
+    ``tasks``: what it evaluates (`TASK_TITLES` keys); ``launch``: ``"cli"``
+    (a ``jaxseg-robust`` command, numbers read from its ``--out`` CSV) or
+    ``"worker"`` (this script with ``--worker worker``, numbers written as
+    JSON); ``package``: the distribution whose version the header prints and
+    whose absence skips the peer (``None``: the boundary-iou-api checkout);
+    ``cache``: ``"cold"`` empties the CLI's compilation cache first,
+    ``"warm"`` reuses the cold run's.
     """
 
     name: str
     key: str
     package: str | None
-    iou_types: tuple[str, ...]
+    tasks: tuple[str, ...]
     launch: str = "worker"
     worker: str = ""
     threads: int | None = None
@@ -222,22 +227,23 @@ class Peer:
 
 def declared_peers(cpus: int) -> tuple[Peer, ...]:
     """Every evaluator the peers mode knows, in the order they run."""
-    both = ("segm", "boundary")
+    every = tuple(TASK_TITLES)
     return (
-        Peer("jaxseg_robust (CLI, cold)", "jaxseg-cold", "jaxseg_robust", both, launch="cli", cache="cold"),
-        Peer("jaxseg_robust (CLI, warm)", "jaxseg-warm", "jaxseg_robust", both, launch="cli", cache="warm"),
-        Peer("vernier (1 thread)", "vernier-1", "vernier", both, worker="vernier", threads=1),
-        Peer(f"vernier ({cpus} threads)", f"vernier-{cpus}", "vernier", both, worker="vernier", threads=cpus),
-        Peer("hotcoco", "hotcoco", "hotcoco", ("segm",), worker="hotcoco"),
-        Peer("faster-coco-eval", "faster-coco-eval", "faster-coco-eval", both, worker="faster-coco-eval"),
+        Peer("jaxseg_robust (CLI, cold)", "jaxseg-cold", "jaxseg_robust", every, launch="cli", cache="cold"),
+        Peer("jaxseg_robust (CLI, warm)", "jaxseg-warm", "jaxseg_robust", every, launch="cli", cache="warm"),
+        Peer("vernier (1 thread)", "vernier-1", "vernier", every, worker="vernier", threads=1),
+        Peer(f"vernier ({cpus} threads)", f"vernier-{cpus}", "vernier", every, worker="vernier", threads=cpus),
+        Peer("hotcoco", "hotcoco", "hotcoco", ("segm", "pq"), worker="hotcoco"),
+        Peer("faster-coco-eval", "faster-coco-eval", "faster-coco-eval", ("segm", "boundary"),
+             worker="faster-coco-eval"),
         Peer("pycocotools", "pycocotools", "pycocotools", ("segm",), worker="pycocotools"),
-        Peer("boundary-iou-api", "boundary-iou-api", None, both, worker="boundary-iou-api"),
+        Peer("boundary-iou-api", "boundary-iou-api", None, every, worker="boundary-iou-api"),
     )
 
 
-def reference_key(iou_type: str, available: set[str]) -> str | None:
+def reference_key(task: str, available: set[str]) -> str | None:
     """The peer whose numbers the others are compared with (None when it is not installed)."""
-    order = ("pycocotools",) if iou_type == "segm" else ("boundary-iou-api", "vernier-1")
+    order = ("pycocotools",) if task == "segm" else ("boundary-iou-api", "vernier-1")
     return next((key for key in order if key in available), None)
 
 
@@ -251,7 +257,17 @@ def installed_version(peer: Peer) -> str | None:
         return None
 
 
-# ---- the child side: one evaluator on two files, its 12 numbers -----------------------------------------
+# ---- the child side: one evaluator on the set's files, its 12 (AP) or 9 (PQ) numbers --------------------
+
+def instance_paths(folder: pathlib.Path) -> tuple[str, str]:
+    """(ground truth, results) of the instance set in ``folder``."""
+    return tuple(str(folder / coco_scale_data.INSTANCE_FILES[key]) for key in ("gt", "results"))
+
+
+def panoptic_paths(folder: pathlib.Path) -> dict[str, str]:
+    """gt_json, gt_folder, pred_json, pred_folder of the panoptic set in ``folder``."""
+    return {key: str(folder / name) for key, name in coco_scale_data.PANOPTIC_FILES.items()}
+
 
 def pycocotools_stats(evaluator_class, gt, dt, iou_type: str) -> list[float]:
     """``evaluate``, ``accumulate``, ``summarize`` of a pycocotools-style COCOeval; its 12 numbers."""
@@ -262,49 +278,104 @@ def pycocotools_stats(evaluator_class, gt, dt, iou_type: str) -> list[float]:
     return [float(v) for v in evaluator.stats]
 
 
-def vernier_stats(gt_path: pathlib.Path, results_path: pathlib.Path, iou_type: str, threads: int | None) -> list:
-    """vernier's native evaluator in strict (pycocotools / boundary-iou-api) parity mode."""
+def vernier_panoptic_images(paths: dict, chunk: int):
+    """Chunks of ``(image id, gt id map, gt segments_info, pred id map, pred segments_info)`` (vernier's input)."""
+    from vernier.panoptic import decode_label_map_png  # noqa: PLC0415
+
+    documents = {name: json.loads(pathlib.Path(paths[f"{name}_json"]).read_text(encoding="utf-8"))
+                 for name in ("gt", "pred")}
+    predictions = {entry["image_id"]: entry for entry in documents["pred"]["annotations"]}
+    entries = documents["gt"]["annotations"]
+    for start in range(0, len(entries), chunk):
+        yield [(entry["image_id"],
+                decode_label_map_png(pathlib.Path(paths["gt_folder"]) / entry["file_name"]).astype(np.uint32),
+                json.dumps(entry["segments_info"]).encode(),
+                decode_label_map_png(pathlib.Path(paths["pred_folder"]) / predictions[entry["image_id"]]["file_name"]
+                                     ).astype(np.uint32),
+                json.dumps(predictions[entry["image_id"]]["segments_info"]).encode())
+               for entry in entries[start:start + chunk]]
+
+
+def vernier_stats(folder: pathlib.Path, task: str, threads: int | None) -> list:
+    """vernier in strict (pycocotools / panopticapi / boundary-iou-api) parity mode.
+
+    Instances: the native ``vernier.instance.Evaluator`` on the two files.
+    Panoptic: vernier reads no PNG files itself, so the id maps are decoded
+    (its ``decode_label_map_png``) and evaluated 250 images at a time
+    (``evaluate_to_partial``, one rank per chunk, per-image deltas kept as
+    strict mode needs them), then merged (``from_partials``).
+    """
+    if task in PANOPTIC_TASKS:
+        from vernier.panoptic import Evaluator as PanopticEvaluator  # noqa: PLC0415
+
+        boundary = task == "boundary-pq"
+        paths = panoptic_paths(folder)
+        categories = json.dumps(json.loads(pathlib.Path(paths["gt_json"]).read_text())["categories"]).encode()
+        evaluator = PanopticEvaluator(parity_mode="strict", boundary=boundary)
+        partials = [evaluator.evaluate_to_partial(images, categories=categories, rank_id=rank,
+                                                  retain_per_image_deltas=True, num_threads=threads)
+                    for rank, images in enumerate(vernier_panoptic_images(paths, 250))]
+        summary = PanopticEvaluator.from_partials(categories, partials, parity_mode="strict", boundary=boundary,
+                                                  retain_per_image_deltas=True)
+        return [float(v) for v in (summary.pq, summary.sq, summary.rq, summary.pq_things, summary.sq_things,
+                                   summary.rq_things, summary.pq_stuff, summary.sq_stuff, summary.rq_stuff)]
     from vernier.instance import Boundary, CocoDataset, Evaluator, Segm  # noqa: PLC0415
 
-    evaluator = Evaluator(iou=Boundary() if iou_type == "boundary" else Segm(), parity_mode="strict")
-    summary = evaluator.evaluate(CocoDataset.from_json(gt_path.read_bytes()), results_path.read_bytes(),
+    gt, results = instance_paths(folder)
+    evaluator = Evaluator(iou=Boundary() if task == "boundary" else Segm(), parity_mode="strict")
+    summary = evaluator.evaluate(CocoDataset.from_json(pathlib.Path(gt).read_bytes()), pathlib.Path(results).read_bytes(),
                                  num_threads=threads)
     return [float(v) for v in summary.stats]
 
 
-def hotcoco_stats(gt_path: pathlib.Path, results_path: pathlib.Path, iou_type: str, threads: int | None) -> list:
-    """hotcoco's COCOeval (mask AP)."""
+def hotcoco_stats(folder: pathlib.Path, task: str, threads: int | None) -> list:
+    """hotcoco's COCOeval (mask AP) or PanopticEval (PQ)."""
     import hotcoco  # noqa: PLC0415
 
-    gt = hotcoco.COCO(str(gt_path))
-    return pycocotools_stats(hotcoco.COCOeval, gt, gt.load_res(str(results_path)), iou_type)
+    if task == "pq":
+        from hotcoco.panoptic import PanopticEval  # noqa: PLC0415
+
+        paths = panoptic_paths(folder)
+        evaluator = PanopticEval(paths["gt_json"], paths["pred_json"], gt_folder=paths["gt_folder"],
+                                 pred_folder=paths["pred_folder"])
+        evaluator.evaluate()
+        return [float(v) for v in evaluator.stats]
+    gt_path, results = instance_paths(folder)
+    gt = hotcoco.COCO(gt_path)
+    return pycocotools_stats(hotcoco.COCOeval, gt, gt.load_res(results), task)
 
 
-def faster_coco_eval_stats(gt_path: pathlib.Path, results_path: pathlib.Path, iou_type: str,
-                           threads: int | None) -> list:
+def faster_coco_eval_stats(folder: pathlib.Path, task: str, threads: int | None) -> list:
     """faster-coco-eval's ``COCOeval_faster`` (its C++ matching and accumulation)."""
     from faster_coco_eval import COCO, COCOeval_faster  # noqa: PLC0415
 
-    gt = COCO(str(gt_path))
-    return pycocotools_stats(COCOeval_faster, gt, gt.loadRes(str(results_path)), iou_type)
+    gt_path, results = instance_paths(folder)
+    gt = COCO(gt_path)
+    return pycocotools_stats(COCOeval_faster, gt, gt.loadRes(results), task)
 
 
-def plain_pycocotools_stats(gt_path: pathlib.Path, results_path: pathlib.Path, iou_type: str,
-                            threads: int | None) -> list:
+def plain_pycocotools_stats(folder: pathlib.Path, task: str, threads: int | None) -> list:
     """pycocotools' COCOeval (mask AP)."""
     from pycocotools.coco import COCO  # noqa: PLC0415
     from pycocotools.cocoeval import COCOeval  # noqa: PLC0415
 
-    gt = COCO(str(gt_path))
-    return pycocotools_stats(COCOeval, gt, gt.loadRes(str(results_path)), iou_type)
+    gt_path, results = instance_paths(folder)
+    gt = COCO(gt_path)
+    return pycocotools_stats(COCOeval, gt, gt.loadRes(results), task)
 
 
-def boundary_iou_api_stats(gt_path: pathlib.Path, results_path: pathlib.Path, iou_type: str,
-                           threads: int | None) -> list:
-    """The Boundary IoU authors' COCO evaluator (boundaries precomputed on load, ``get_boundary``)."""
+def boundary_iou_api_stats(folder: pathlib.Path, task: str, threads: int | None) -> list:
+    """The Boundary IoU authors' evaluators: COCO (boundaries precomputed on load) and panoptic ``pq_compute``."""
     reference = coco_eval_data.load_reference(coco_eval_data.reference_repo())
-    gt = reference.coco.COCO(str(gt_path), get_boundary=iou_type == "boundary")
-    return pycocotools_stats(reference.cocoeval.COCOeval, gt, gt.loadRes(str(results_path)), iou_type)
+    if task in PANOPTIC_TASKS:
+        paths = panoptic_paths(folder)
+        result = reference.panoptic.pq_compute(paths["gt_json"], paths["pred_json"], paths["gt_folder"],
+                                               paths["pred_folder"], iou_type="boundary" if task == "boundary-pq"
+                                               else "segm")
+        return [float(result[group][metric]) for group in ("All", "Things", "Stuff") for metric in ("pq", "sq", "rq")]
+    gt_path, results = instance_paths(folder)
+    gt = reference.coco.COCO(gt_path, get_boundary=task == "boundary")
+    return pycocotools_stats(reference.cocoeval.COCOeval, gt, gt.loadRes(results), task)
 
 
 WORKERS = {"vernier": vernier_stats, "hotcoco": hotcoco_stats, "faster-coco-eval": faster_coco_eval_stats,
@@ -312,8 +383,8 @@ WORKERS = {"vernier": vernier_stats, "hotcoco": hotcoco_stats, "faster-coco-eval
 
 
 def worker_main(args) -> None:
-    """The child side: one evaluator's 12 numbers written to ``--stats-out`` as JSON."""
-    stats = WORKERS[args.worker](pathlib.Path(args.gt), pathlib.Path(args.results), args.iou_type, args.threads)
+    """The child side: one evaluator's numbers written to ``--stats-out`` as JSON."""
+    stats = WORKERS[args.worker](pathlib.Path(args.folder), args.task, args.threads)
     pathlib.Path(args.stats_out).write_text(json.dumps(stats), encoding="utf-8")
 
 
@@ -375,36 +446,48 @@ def cli_executable() -> str:
     return found
 
 
-def cli_stats(csv_path: pathlib.Path) -> np.ndarray:
-    """The 12 numbers of a ``coco-eval --out`` CSV, in COCOeval's order."""
+def cli_stats(csv_path: pathlib.Path, task: str) -> np.ndarray:
+    """The numbers of a ``coco-eval`` / ``panoptic-eval`` ``--out`` CSV, in COCOeval's / panopticapi's order."""
     from jaxseg_robust.metrics.coco_ap import COCO_SUMMARY_NAMES  # noqa: PLC0415
 
     with open(csv_path, newline="", encoding="utf-8") as handle:
         values = {row["metric"]: float(row["value"]) for row in csv.DictReader(handle)}
-    return np.array([values[name] for name in COCO_SUMMARY_NAMES])
+    return np.array([values[name] for name in (PANOPTIC_NAMES if task in PANOPTIC_TASKS else COCO_SUMMARY_NAMES)])
 
 
-def run_peer(peer: Peer, iou_type: str, files: dict, work: pathlib.Path) -> ChildRun:
-    """Runs one peer on the set in its own child process and reads its numbers back."""
-    stem = work / f"{peer.key}-{iou_type}"
+def cli_command(task: str, folder: pathlib.Path, cache: pathlib.Path, out: pathlib.Path) -> list[str]:
+    """The ``jaxseg-robust`` command line of one task on the set in ``folder``, numbers to ``out``."""
+    head = [cli_executable(), "--compile-cache", str(cache)]
+    tail = ["--progress", "none", "--out", str(out)]
+    if task in PANOPTIC_TASKS:
+        paths = panoptic_paths(folder)
+        return head + ["panoptic-eval", "--gt-json", paths["gt_json"], "--gt-folder", paths["gt_folder"],
+                       "--pred-json", paths["pred_json"], "--pred-folder", paths["pred_folder"],
+                       "--iou-type", "boundary" if task == "boundary-pq" else "segm"] + tail
+    gt, results = instance_paths(folder)
+    return head + ["coco-eval", "--gt", gt, "--results", results, "--iou-type", task] + tail
+
+
+def run_peer(peer: Peer, task: str, folder: pathlib.Path, work: pathlib.Path) -> ChildRun:
+    """Runs one peer on the set in ``folder`` in its own child process and reads its numbers back."""
+    stem = work / f"{peer.key}-{task}"
     if peer.launch == "cli":
-        cache = work / f"compile-cache-{iou_type}"
+        cache = work / f"compile-cache-{task}"
         if peer.cache == "cold":
             shutil.rmtree(cache, ignore_errors=True)
         out = stem.with_suffix(".csv")
-        command = [cli_executable(), "--compile-cache", str(cache), "coco-eval", "--gt", str(files["gt"]),
-                   "--results", str(files["results"]), "--iou-type", iou_type, "--progress", "none",
-                   "--out", str(out)]
+        command = cli_command(task, folder, cache, out)
     else:
         out = stem.with_suffix(".json")
-        command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", peer.worker,
-                   "--iou-type", iou_type, "--gt", str(files["gt"]), "--results", str(files["results"]),
-                   "--stats-out", str(out)] + ([] if peer.threads is None else ["--threads", str(peer.threads)])
+        command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", peer.worker, "--task", task,
+                   "--folder", str(folder), "--stats-out", str(out)]
+        command += [] if peer.threads is None else ["--threads", str(peer.threads)]
     log = stem.with_suffix(".log")
     seconds, peak_rss, exit_code = timed_child(command, log)
     stats = None
     if exit_code == 0:
-        stats = cli_stats(out) if peer.launch == "cli" else np.array(json.loads(out.read_text(encoding="utf-8")))
+        stats = (cli_stats(out, task) if peer.launch == "cli"
+                 else np.array(json.loads(out.read_text(encoding="utf-8"))))
     return ChildRun(seconds, peak_rss, exit_code, stats, log)
 
 
@@ -415,19 +498,20 @@ def last_line(path: pathlib.Path) -> str:
 
 
 def difference_text(stats: np.ndarray | None, reference: np.ndarray | None) -> str:
-    """The largest |difference| of 12 numbers from the reference's: "0 (bit-identical)", a number, or "n/a"."""
+    """The largest |difference| of the numbers from the reference's: "0 (bit-identical)", a number, or "n/a"."""
     if stats is None or reference is None:
         return "n/a"
     largest = float(np.abs(stats - reference).max())
     return "0 (bit-identical)" if np.array_equal(stats, reference) else f"{largest:.3g}"
 
 
-def peer_table(iou_type: str, runs: dict, peers: dict, reference: str | None) -> str:
-    """The Markdown table of one IoU type: a row per peer that ran."""
+def peer_table(task: str, runs: dict, peers: dict, reference: str | None) -> str:
+    """The Markdown table of one task: a row per peer that ran."""
     reference_stats = runs[reference].stats if reference in runs else None
     reference_name = peers[reference].name if reference in peers else "none installed"
-    lines = [f"{IOU_TYPE_TITLES[iou_type]} (reference: {reference_name})", "",
-             "| evaluator | time (s) | peak RSS (GiB) | max abs diff of the 12 numbers | AP |",
+    count, first = (9, "PQ") if task in PANOPTIC_TASKS else (12, "AP")
+    lines = [f"{TASK_TITLES[task]} (reference: {reference_name})", "",
+             f"| evaluator | time (s) | peak RSS (GiB) | max abs diff of the {count} numbers | {first} |",
              "|---|---|---|---|---|"]
     for key, run in runs.items():
         if run.stats is None:
@@ -449,25 +533,30 @@ def cpu_model() -> str:
            f"model {fields.get('model', '?')})"
 
 
-def instance_files(args, folder: pathlib.Path) -> dict:
-    """The set's files: written (and timed) unless ``--reuse`` finds them in the folder already."""
-    if args.reuse and (folder / "gt.json").is_file() and (folder / "results.json").is_file():
-        print(f"reusing {folder}/gt.json and results.json")
-        return {"gt": folder / "gt.json", "results": folder / "results.json"}
+def set_folder(args, folder: pathlib.Path) -> None:
+    """Writes (and times) the sets the tasks need into ``folder``, unless ``--reuse`` finds them there."""
     spec = coco_scale_data.scaled_spec(args.scale, args.seed)
-    start = time.perf_counter()
-    files = coco_scale_data.write_instance_set(folder, spec)
-    print(f"set (scale {args.scale}, seed {args.seed}): {files['images']} images, {files['ground_truths']} ground "
-          f"truths, {files['detections']} detections, written in {time.perf_counter() - start:.1f} s "
-          f"({files['results'].stat().st_size / 1e6:.0f} MB of results)")
-    return files
+    needed = []
+    if any(task not in PANOPTIC_TASKS for task in args.tasks):
+        needed.append(("instance", coco_scale_data.INSTANCE_FILES, coco_scale_data.write_instance_set))
+    if any(task in PANOPTIC_TASKS for task in args.tasks):
+        needed.append(("panoptic", coco_scale_data.PANOPTIC_FILES, coco_scale_data.write_panoptic_set))
+    for kind, names, write in needed:
+        if args.reuse and all((folder / name).exists() for name in names.values()):
+            print(f"reusing the {kind} set in {folder}")
+            continue
+        start = time.perf_counter()
+        written = write(folder, spec)
+        counts = ", ".join(f"{value} {key}" for key, value in written.items() if isinstance(value, int))
+        print(f"{kind} set (scale {args.scale}, seed {args.seed}): {counts}, written in "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
 
 
 def selected_peers(args) -> dict:
     """The peers asked for (``--evaluators``) that are installed, by key; prints the skipped ones."""
     peers = {}
     for peer in declared_peers(os.cpu_count() or 1):
-        if args.evaluators and peer.key.split("-")[0] not in args.evaluators and peer.key not in args.evaluators:
+        if args.evaluators and not any(peer.key.startswith(name) for name in args.evaluators):
             continue
         version = installed_version(peer)
         if version is None:
@@ -480,26 +569,26 @@ def selected_peers(args) -> dict:
 
 
 def peers_main(args) -> None:
-    """The peers mode: the set, then every installed evaluator in a child process, a table per IoU type."""
+    """The peers mode: the sets, then every installed evaluator in a child process, a table per task."""
     malloc = {key: os.environ.get(key) for key in MALLOC_VARIABLES}
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs: {cpu_model()}")
     print(f"allocator: {malloc}{'' if malloc == TUNED_MALLOC else '  (NOT the tuned setting of docs/benchmarking.md)'}")
     peers = selected_peers(args)
     with tempfile.TemporaryDirectory() as tmp:
         folder = pathlib.Path(args.folder or tmp)
-        files = instance_files(args, folder)
+        set_folder(args, folder)
         work = pathlib.Path(tmp) / "runs"
         work.mkdir()
         tables = []
-        for iou_type in args.iou_types:
-            print(f"load average before {iou_type}: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
+        for task in args.tasks:
+            print(f"load average before {task}: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
             runs = {}
             for key, peer in peers.items():
-                if iou_type in peer.iou_types:
-                    runs[key] = run_peer(peer, iou_type, files, work)
-                    print(f"  {iou_type:8s} {peer.name:28s} {runs[key].seconds:8.1f} s  exit {runs[key].exit_code}",
+                if task in peer.tasks:
+                    runs[key] = run_peer(peer, task, folder, work)
+                    print(f"  {task:11s} {peer.name:28s} {runs[key].seconds:8.1f} s  exit {runs[key].exit_code}",
                           flush=True)
-            tables.append(peer_table(iou_type, runs, peers, reference_key(iou_type, set(runs))))
+            tables.append(peer_table(task, runs, peers, reference_key(task, set(runs))))
         print(f"load average at the end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
         print("\n" + "\n\n".join(tables))
 
@@ -508,13 +597,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stages", action="store_true",
                         help="stage-by-stage against boundary-iou-api on the real masks (default: the peers mode)")
+    parser.add_argument("--seed", type=int, default=0)
     peers = parser.add_argument_group("peers mode")
     peers.add_argument("--scale", type=float, default=1.0,
-                       help="size of the synthetic set, 1 = COCO val2017's (default %(default)s)")
-    peers.add_argument("--iou-types", nargs="+", choices=("segm", "boundary"), default=["segm", "boundary"])
-    peers.add_argument("--folder", help="write (or with --reuse, read) gt.json and results.json here "
-                                        "(default: a temporary folder)")
-    peers.add_argument("--reuse", action="store_true", help="use the set already in --folder")
+                       help="size of the synthetic sets, 1 = COCO val2017's (default %(default)s)")
+    peers.add_argument("--tasks", nargs="+", choices=tuple(TASK_TITLES), default=["segm", "boundary"],
+                       help="mask AP, Boundary AP, PQ, Boundary PQ (default: %(default)s)")
+    peers.add_argument("--folder", help="write (or with --reuse, read) the sets here (default: a temporary folder)")
+    peers.add_argument("--reuse", action="store_true", help="use the sets already in --folder")
     peers.add_argument("--evaluators", nargs="+", metavar="NAME",
                        help="only these (jaxseg, vernier, hotcoco, faster, pycocotools, boundary; default: all)")
     stages = parser.add_argument_group("stages mode")
@@ -525,11 +615,9 @@ def main() -> None:
                         help="where mask AP counts are taken (auto = runs: from the run lengths on the host)")
     stages.add_argument("--real-data",
                         default=os.environ.get("JAXSEG_REAL_DATA", str(ROOT.parent / "shared" / "data" / "real")))
-    parser.add_argument("--seed", type=int, default=0)
     worker = parser.add_argument_group("child process (internal)")
     worker.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
-    worker.add_argument("--gt", help=argparse.SUPPRESS)
-    worker.add_argument("--results", help=argparse.SUPPRESS)
+    worker.add_argument("--task", choices=tuple(TASK_TITLES), help=argparse.SUPPRESS)
     worker.add_argument("--stats-out", help=argparse.SUPPRESS)
     worker.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
