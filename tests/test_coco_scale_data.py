@@ -1,7 +1,8 @@
 """The COCO-scale synthetic set of the evaluator benchmark (experiments/coco_scale_data.py).
 
 Small scales only: the files load as COCO ground truth and results
-(pycocotools), the counts are the spec's, one seed gives the same bytes.
+(pycocotools), the counts are the spec's, one seed gives the same bytes; the
+panoptic variant's segments_info agree with its PNGs (ids, areas, boxes).
 """
 
 from __future__ import annotations
@@ -90,3 +91,37 @@ def test_one_seed_gives_the_same_bytes(tmp_path, small_set):
     for key in ("gt", "results"):
         assert again[key].read_bytes() == written[key].read_bytes()
         assert other[key].read_bytes() != written[key].read_bytes()
+
+
+def test_panoptic_files_agree_with_their_pngs(tmp_path):
+    from PIL import Image
+
+    spec = coco_scale_data.CocoScaleSpec(images=4, ground_truths=30, seed=5)
+    written = coco_scale_data.write_panoptic_set(tmp_path, spec)
+    assert written["images"] == 4
+    things = 0
+    for name in ("gt", "pred"):
+        document = json.loads(written[f"{name}_json"].read_text())
+        kinds = {c["id"]: c["isthing"] for c in document["categories"]}
+        assert sum(kinds.values()) == 80 and len(kinds) == 133
+        sizes = {image["id"]: (image["height"], image["width"]) for image in document["images"]}
+        assert len(document["annotations"]) == 4
+        for annotation in document["annotations"]:
+            rgb = np.array(Image.open(written[f"{name}_folder"] / annotation["file_name"])).astype(np.int64)
+            ids = rgb[..., 0] + 256 * rgb[..., 1] + 65536 * rgb[..., 2]
+            assert ids.shape == sizes[annotation["image_id"]]
+            segments = {s["id"]: s for s in annotation["segments_info"]}
+            assert set(np.unique(ids[ids > 0]).tolist()) == set(segments)  # every listed segment has pixels
+            for segment_id, segment in segments.items():
+                rows, cols = np.nonzero(ids == segment_id)
+                assert segment["area"] == rows.size
+                assert segment["bbox"] == [cols.min(), rows.min(), cols.max() - cols.min() + 1,
+                                           rows.max() - rows.min() + 1]
+            stuff = [s["category_id"] for s in segments.values() if not kinds[s["category_id"]]]
+            assert len(stuff) == len(set(stuff)) >= 1  # one segment per stuff category
+            if name == "gt":
+                things += sum(kinds[s["category_id"]] for s in segments.values())
+    assert 0 < things <= spec.ground_truths  # things painted over may vanish
+    again = coco_scale_data.write_panoptic_set(tmp_path / "again", spec)
+    assert again["gt_json"].read_bytes() == written["gt_json"].read_bytes()
+    assert again["pred_json"].read_bytes() == written["pred_json"].read_bytes()
