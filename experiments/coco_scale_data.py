@@ -104,7 +104,7 @@ def ground_truths_per_image(rng: np.random.Generator, spec: CocoScaleSpec) -> np
 
 
 def object_areas(rng: np.random.Generator, count: int, height: int, width: int) -> np.ndarray:
-    """[count] float target areas (pixels²): a COCO size class, then log-uniform within it (large <= half the image)."""
+    """[count] float target areas (pixels²): a COCO size class, then log-uniform in it (large: <= half the image)."""
     classes = rng.choice(len(SIZE_SHARES), size=count, p=SIZE_SHARES)
     low = np.array([r[0] for r in SIZE_AREA_RANGES])[classes]
     high = np.array([r[1] or 0.5 * height * width for r in SIZE_AREA_RANGES])[classes]

@@ -1,33 +1,39 @@
-"""Benchmark: COCO mask AP and Boundary AP, jaxseg_robust against the other evaluators (docs/benchmarking.md).
+"""Benchmark: COCO mask AP, Boundary AP, PQ and Boundary PQ, jaxseg_robust against the other evaluators.
 
-Two modes.
+Two modes (docs/benchmarking.md, "COCO evaluators").
 
 **Peers (the default).** A seeded synthetic set the size of COCO val2017
 (experiments/coco_scale_data.py: 5,000 images, 36,781 ground truths, 500,000
-compressed-RLE detections with boxes; ``--scale`` makes a smaller one, images
-scaled, counts per image kept) written to ``--folder`` (or a temporary
-folder), then every installed evaluator run on the same two files, each in
-its own child process, one after the other:
+compressed-RLE detections with boxes; for the ``pq`` / ``boundary-pq`` tasks
+its panoptic variant in panopticapi's PNG + JSON format; ``--scale`` makes a
+smaller one, images scaled, counts per image kept) written to ``--folder``
+(or a temporary folder), then every installed evaluator run on the same
+files, each in its own child process, one after the other:
 
-* jaxseg_robust: the CLI ``jaxseg-robust coco-eval``, cold (an empty
-  compilation cache) and warm (the same command again, its programs from the
-  cache the cold run filled);
-* vernier (``vernier.instance.Evaluator``, ``parity_mode="strict"``) with one
-  thread and with one per CPU;
-* hotcoco (``hotcoco.COCOeval``, mask AP only; its own thread pool);
-* faster-coco-eval (``COCOeval_faster``; its boundary step on up to 4 CPUs);
-* pycocotools (``COCOeval``, mask AP only);
+* jaxseg_robust: the CLI ``jaxseg-robust coco-eval`` / ``panoptic-eval``, cold
+  (an empty compilation cache) and warm (the same command again, its programs
+  from the cache the cold run filled);
+* vernier (``parity_mode="strict"``: ``vernier.instance.Evaluator``; for PQ
+  ``vernier.panoptic.Evaluator`` on PNGs decoded here, 250 images per
+  ``evaluate_to_partial``, merged by ``from_partials``) with one thread and
+  with one per CPU;
+* hotcoco (``hotcoco.COCOeval`` for mask AP, ``hotcoco.panoptic.PanopticEval``
+  for PQ; its own thread pool);
+* faster-coco-eval (``COCOeval_faster``, mask AP and Boundary AP; its boundary
+  step on up to 4 CPUs);
+* pycocotools (``COCOeval``, mask AP);
 * boundary-iou-api (``$JAXSEG_BOUNDARY_IOU_API_REPO``, loaded as
-  experiments/coco_eval_data.py does; its boundary step on every CPU).
+  experiments/coco_eval_data.py does: its COCOeval and ``pq_compute``, their
+  boundary and panoptic steps in a pool over every CPU).
 
 For each it prints the wall seconds of the child process (interpreter
 start, imports, reading the files, evaluation: what a user waits for), its
 peak resident memory (``ru_maxrss`` from ``os.wait4`` in a small launcher
 process, so that this process's memory does not count: the largest single
 process of the evaluator's tree, workers it waited for included) and the
-largest difference of its 12 numbers from the reference: pycocotools for
-mask AP; boundary-iou-api for Boundary AP, or vernier (one thread) when the
-checkout is absent. The table says which reference it used.
+largest difference of its 12 (PQ: 9) numbers from the reference: pycocotools
+for mask AP; boundary-iou-api for the other tasks, or vernier (one thread)
+when the checkout is absent. Each table says which reference it used.
 
 **Stages** (``--stages``). One process, the Boundary IoU authors' evaluator
 against ours stage by stage on the real masks (experiments/coco_eval_data.py:
@@ -51,8 +57,8 @@ agree within 1e-6 first. Respects ``JAX_PLATFORMS``; ``--batch-size`` = masks
 per device call. For fair CPU timings set the allocator as in
 docs/benchmarking.md; the script prints the ``MALLOC_*`` settings it ran with.
 
-Run: ``python experiments/benchmarks/bench_coco_eval.py [--scale 0.1] [--iou-types segm boundary]
-[--folder DIR] [--evaluators NAME ...]`` (peers; ``pip install -e ".[benchmark]"``), or
+Run: ``python experiments/benchmarks/bench_coco_eval.py [--scale 0.1] [--tasks segm boundary pq boundary-pq]
+[--folder DIR [--reuse]] [--evaluators NAME ...]`` (peers; ``pip install -e ".[benchmark]"``), or
 ``JAXSEG_BOUNDARY_IOU_API_REPO=/path/to/boundary-iou-api JAXSEG_REAL_DATA=/path/to/real python
 experiments/benchmarks/bench_coco_eval.py --stages [--iou-type segm|boundary] [--copies 6] [--batch-size 64]
 [--mask-path auto|runs|device]``. In the stages mode mask AP counts come from the run lengths on the host
@@ -66,7 +72,6 @@ import contextlib
 import csv
 import dataclasses
 import importlib.metadata
-import importlib.util
 import io
 import json
 import os
@@ -321,10 +326,9 @@ def vernier_stats(folder: pathlib.Path, task: str, threads: int | None) -> list:
                                    summary.rq_things, summary.pq_stuff, summary.sq_stuff, summary.rq_stuff)]
     from vernier.instance import Boundary, CocoDataset, Evaluator, Segm  # noqa: PLC0415
 
-    gt, results = instance_paths(folder)
+    gt, results = (pathlib.Path(path) for path in instance_paths(folder))
     evaluator = Evaluator(iou=Boundary() if task == "boundary" else Segm(), parity_mode="strict")
-    summary = evaluator.evaluate(CocoDataset.from_json(pathlib.Path(gt).read_bytes()), pathlib.Path(results).read_bytes(),
-                                 num_threads=threads)
+    summary = evaluator.evaluate(CocoDataset.from_json(gt.read_bytes()), results.read_bytes(), num_threads=threads)
     return [float(v) for v in summary.stats]
 
 
@@ -597,7 +601,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stages", action="store_true",
                         help="stage-by-stage against boundary-iou-api on the real masks (default: the peers mode)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the synthetic sets (peers) or of the detections (stages; default %(default)s)")
     peers = parser.add_argument_group("peers mode")
     peers.add_argument("--scale", type=float, default=1.0,
                        help="size of the synthetic sets, 1 = COCO val2017's (default %(default)s)")
@@ -621,6 +626,10 @@ def main() -> None:
     worker.add_argument("--stats-out", help=argparse.SUPPRESS)
     worker.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not args.scale > 0:
+        parser.error(f"--scale must be positive, got {args.scale}")
+    if args.reuse and not args.folder:
+        parser.error("--reuse needs --folder (the folder that holds the sets)")
     if args.worker:
         worker_main(args)
     elif args.stages:
