@@ -46,14 +46,21 @@ CLICKS = [(70.0, 90.0, True), (30.0, 150.0, False), (100.0, 60.0, True)]  # (row
 
 
 def smooth_image(seed: int = 5) -> np.ndarray:
-    """uint8[H, W, 3]: a few soft colour blobs on a gradient (PDM's affinities need structure)."""
+    """uint8[H, W, 3]: a few soft colour blobs on a gradient, with pixel noise of +-12 grey levels.
+
+    The noise keeps every 3 x 3 window of the resized image from being flat: on a
+    flat window the PDM divides differences of rounding size by ``1e-8 + 0.1 std``
+    of rounding size, so its affinities there depend on the last bit of the
+    bilinear resize, which torch's and ours round differently (docs/models/cdnet.md).
+    """
     rng = np.random.default_rng(seed)
     rows, cols = np.mgrid[0:H, 0:W].astype(np.float32)
     image = np.stack([rows / H, cols / W, 0.5 * np.ones_like(rows)], axis=-1)
     for _ in range(4):
         r, c, s = rng.uniform(0, H), rng.uniform(0, W), rng.uniform(15, 40)
         image += rng.uniform(-0.5, 0.5, 3) * np.exp(-((rows - r) ** 2 + (cols - c) ** 2) / (2 * s * s))[..., None]
-    return np.clip(image * 255, 0, 255).astype(np.uint8)
+    image = image * 255 + rng.uniform(-12, 12, image.shape)
+    return np.clip(np.round(image), 0, 255).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")

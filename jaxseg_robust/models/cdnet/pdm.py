@@ -49,9 +49,12 @@ def shifted(x: jnp.ndarray, offsets, dilations=DILATIONS) -> jnp.ndarray:
 
 def diffusion_weights(image: jnp.ndarray) -> jnp.ndarray:
     """Soft-maxed neighbour affinities of an image f32[H, W, 3] in [0, 1] -> f32[32, H, W]."""
-    neighbours = shifted(image, NEIGHBOURS)                  # [32, H, W, 3]
-    std = jnp.std(shifted(image, WINDOW), axis=0, ddof=1)    # [H, W, 3]
-    affinity = -jnp.abs(image[None] - neighbours) / (1e-8 + 0.1 * std[None])
+    differences = image[None] - shifted(image, NEIGHBOURS)  # [32, H, W, 3]
+    # The window's standard deviation of its differences to the centre (the same value, shift-invariant):
+    # near-equal values subtract exactly, so a tiny spread is not buried under the rounding of a mean
+    # of the raw values (float32), which the division by 0.1 std would amplify.
+    std = jnp.std(shifted(image, WINDOW) - image[None], axis=0, ddof=1)  # [H, W, 3]
+    affinity = -jnp.abs(differences) / (1e-8 + 0.1 * std[None])
     return jax.nn.softmax(jnp.mean(affinity, axis=-1), axis=0)
 
 
