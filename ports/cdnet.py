@@ -1,6 +1,6 @@
 """Official CDNet checkpoints (ClickSEG ``DeeplabModel``, isegm format) -> jaxseg_robust models.
 
-``python -m ports cdnet --checkpoint cdnet_res34_cclvs.pth --out DIR``
+``python -m ports cdnet --checkpoint cclvs_last_checkpoint.pth --out DIR``
 
 The checkpoint (``{"state_dict", "config"}``, isegm ``save_checkpoint``) is
 read without running pickled code (`ports.isegm_checkpoint`). Its config

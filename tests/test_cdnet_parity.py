@@ -175,4 +175,5 @@ def test_click_map_gradients_match(models):
 
     got = jax.grad(loss)(maps[..., :2])
     rel = float(np.linalg.norm(np.asarray(got) - want) / np.linalg.norm(want))
+    print(f"click-map gradient: relative L2 error {rel:.3g}")
     assert rel <= GRAD_RTOL, f"click-map gradient: relative L2 error {rel:.3g}"

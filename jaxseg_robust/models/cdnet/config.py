@@ -87,8 +87,8 @@ RESNET34 = CdnetConfig()
 # A tiny random-weight CDNet for fast tests (no official weights): ResNet-18 layout at width 8, 64 px.
 TINY = CdnetConfig(backbone="resnet18", backbone_width=8, deeplab_ch=16, infer_size=64, variant="tiny")
 
-# zoo name -> (config, official checkpoint file); ClickSEG's README: SBD and COCO+LVIS ("C+L").
+# zoo name -> (config, checkpoint file as the TETRIS and RClicks scripts name it: COCO+LVIS ("C+L"), SBD).
 RELEASED = {
-    "cdnet_resnet34_cocolvis": (RESNET34, "cdnet_res34_cclvs.pth"),
-    "cdnet_resnet34_sbd": (RESNET34, "cdnet_res34_sbd.pth"),
+    "cdnet_resnet34_cocolvis": (RESNET34, "cclvs_last_checkpoint.pth"),
+    "cdnet_resnet34_sbd": (RESNET34, "sbd_last_checkpoint.pth"),
 }
