@@ -14,7 +14,10 @@ every tensor, is saved in the isegm checkpoint format and converted with
   equal but for pixels within 1e-4 of the threshold;
 * gradients of a loss w.r.t. the radius-5 click maps (what TETRIS
   differentiates; the FDM's click weights are detached in both) within 1e-3
-  relative.
+  relative;
+* isegm's NoC loop (``evaluate_sample``: RITM clicker, 5 clicks, no early
+  stop) with that predictor against `noc_trajectory`: identical clicks, IoUs
+  within 1e-3, and the IoUs must move (else the loop proved nothing).
 """
 
 from __future__ import annotations
@@ -177,3 +180,49 @@ def test_click_map_gradients_match(models):
     rel = float(np.linalg.norm(np.asarray(got) - want) / np.linalg.norm(want))
     print(f"click-map gradient: relative L2 error {rel:.3g}")
     assert rel <= GRAD_RTOL, f"click-map gradient: relative L2 error {rel:.3g}"
+
+
+N_NOC_CLICKS = 5
+
+
+def ellipse_gt() -> np.ndarray:
+    """bool[H, W]: an ellipse off the image centre."""
+    rows, cols = np.mgrid[0:H, 0:W]
+    return ((rows - 70) / 40.0) ** 2 + ((cols - 110) / 55.0) ** 2 <= 1.0
+
+
+def reference_noc(net, DiffisionPredictor):
+    """isegm ``evaluate_sample`` (no early stop, no initial mask) with ClickSEG's predictor: (clicks, IoUs)."""
+    from isegm.inference.clicker import Clicker  # noqa: PLC0415
+
+    gt = ellipse_gt()
+    predictor = DiffisionPredictor(net, "cpu")
+    clicker = Clicker(gt_mask=gt)
+    pred = np.zeros_like(gt)
+    clicks, ious = [], []
+    with torch.no_grad():
+        predictor.set_input_image(smooth_image())
+        for _ in range(N_NOC_CLICKS):
+            clicker.make_next_click(pred)
+            pred = predictor.get_prediction(clicker) > 0.49
+            click = clicker.get_clicks()[-1]
+            clicks.append((int(click.coords[0]), int(click.coords[1]), bool(click.is_positive)))
+            ious.append(float(np.sum(gt & pred) / np.sum(gt | pred)))
+    return clicks, ious
+
+
+def test_noc_loop_matches_authors(models):
+    from jaxseg_robust.models.clickmap.noc import NocConfig, noc_trajectory  # noqa: PLC0415
+
+    net, DiffisionPredictor, _, seg, params = models
+    want_clicks, want_ious = reference_noc(net, DiffisionPredictor)
+    seg = seg.with_predictor(True)
+    x, transform = seg.preprocess(smooth_image())
+    gt = jnp.asarray(ellipse_gt())
+    out = noc_trajectory(seg, params, x, transform.original_hw, gt, jnp.ones_like(gt),
+                         NocConfig(n_clicks=N_NOC_CLICKS, options=seg.evaluation))
+    got_clicks = [(int(r), int(c), bool(p)) for (r, c), p in zip(np.asarray(out["clicks"]), np.asarray(out["positive"]))]
+    print("NoC IoUs", want_ious, np.asarray(out["ious"]).tolist())
+    assert got_clicks == want_clicks
+    np.testing.assert_allclose(np.asarray(out["ious"]), want_ious, atol=1e-3)
+    assert max(want_ious) - min(want_ious) > 0.05  # the clicks move the prediction: the loop is exercised
