@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from jaxseg_robust.data.coco_rle import decode_into
+from jaxseg_robust.evaluation.crop_counts import count_pairs_on_crops
 from jaxseg_robust.metrics.mask_pairs import PairCounts, chunk_pair_counts, packed_words
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, boundary_width
 from jaxseg_robust.metrics.run_pairs import pair_intersections, run_table
@@ -219,14 +220,19 @@ def count_pairs_on_runs(works: list[ImageWork], progress=None) -> list[PairCount
 def count_pairs(works: list[ImageWork], settings: CountSettings) -> list[PairCounts | None]:
     """Areas, boundary areas and pair intersections of every image's masks (None for images without pairs).
 
-    Mask AP counts come from :func:`count_pairs_on_runs` when :func:`uses_runs`
-    says so, else from the device. Shows a progress display over the masks
+    Boundary AP counts come from `jaxseg_robust.evaluation.crop_counts` (bands
+    of tight crops on the device, intersections on the host); mask AP counts
+    from :func:`count_pairs_on_runs` when :func:`uses_runs` says so, else from
+    the device (whole canvases, :func:`plan_chunks`). Shows a progress display over the masks
     (``settings.progress``) on stderr.
     """
-    if uses_runs(settings):
+    if uses_runs(settings) or settings.with_boundary:
         total = sum(len(work.masks) for work in works if work.pairs.size)
-        progress = make_progress(total, settings.progress, desc="mask counts (runs)")
+        what = "mask and boundary counts (crops)" if settings.with_boundary else "mask counts (runs)"
+        progress = make_progress(total, settings.progress, desc=what)
         try:
+            if settings.with_boundary:
+                return count_pairs_on_crops(works, settings.dilation_ratio, settings.chunk_masks, progress)
             return count_pairs_on_runs(works, progress)
         finally:
             progress.close()
