@@ -3,7 +3,7 @@
 Follows docs/protocols/boundary_ap_pq.md ("How it runs", "Crops"). A mask's
 boundary band lies inside the mask, so it only needs the mask's bounding box:
 each mask is cut to the crop of its box (whole 32-row words by whole columns),
-crops are grouped by size class (a ladder of square sides) and boundary width,
+crops are grouped by size class (a ladder for each side) and boundary width,
 and the device erodes chunks of crops of many images at once
 (`jaxseg_robust.metrics.mask_pairs.crop_bands`). Outside the crop every pixel is
 background, as is the outside of the image, so every band equals the band of
@@ -27,7 +27,8 @@ from jaxseg_robust.metrics.masks import boundary_width
 from jaxseg_robust.metrics.run_pairs import RunTable, pair_intersections, piece_starts, run_table
 
 WORD_BITS = 32
-CROP_SIDES = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)  # square crop classes, pixels
+CLASS_WORDS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # crop classes: 32-row words (64 rows at least)
+CLASS_COLUMNS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)  # and columns
 COMPILE_SECONDS = 1.5  # one band program, XLA on the 2-core CPU
 WORD_SECONDS = 2e-8  # host decoding and device erosion per packed crop word, same CPU
 CHUNK_WORDS_PER_MASK = 4096  # crop words per device call for each mask of ``chunk_masks`` (64 masks: 1 MiB,
@@ -76,37 +77,48 @@ def mask_crops(table: RunTable, heights: np.ndarray) -> Crops:
     return crops
 
 
-def crop_side(words: np.ndarray, columns: np.ndarray) -> np.ndarray:
-    """int64 [N]: the smallest ``CROP_SIDES`` class holding each crop (beyond the ladder: multiples of its top)."""
-    side = np.maximum(WORD_BITS * words, columns)
-    ladder = np.asarray(CROP_SIDES, np.int64)
-    top = ladder[-1]
-    return np.where(side <= top, ladder[np.minimum(np.searchsorted(ladder, side), ladder.size - 1)],
-                    -(-side // top) * top)
+def _on_ladder(values: np.ndarray, ladder: tuple) -> np.ndarray:
+    """int64: the smallest ladder value >= each value (beyond the ladder: multiples of its top)."""
+    steps = np.asarray(ladder, np.int64)
+    top = steps[-1]
+    return np.where(values <= top, steps[np.minimum(np.searchsorted(steps, values), steps.size - 1)],
+                    -(-values // top) * top)
 
 
-def merged_sides(sides: np.ndarray, compiled: frozenset = frozenset()) -> np.ndarray:
-    """Crop classes after merging each class into the next larger one while that is cheaper.
+def crop_classes(words: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """int64 [N, 2]: the (word rows, columns) class of each crop, each side on its ladder."""
+    return np.stack([_on_ladder(words, CLASS_WORDS), _on_ladder(columns, CLASS_COLUMNS)], axis=1)
 
-    A class not yet ``compiled`` costs ``COMPILE_SECONDS`` (its program) against
-    ``WORD_SECONDS`` per word its crops would gain in the larger class.
+
+def merged_classes(classes: np.ndarray, compiled: frozenset = frozenset()) -> np.ndarray:
+    """Crop classes after merging classes into larger ones where that is cheaper.
+
+    Classes are taken from the fewest crops up; a class not yet ``compiled``
+    joins the smallest class holding it (both sides at least as large) when
+    the words its crops gain there cost less than a program
+    (``WORD_SECONDS`` per word against ``COMPILE_SECONDS``).
     """
-    classes, counts = np.unique(sides, return_counts=True)
-    target = {int(side): int(side) for side in classes}
-    for index in range(len(classes) - 1):
-        side, larger = int(classes[index]), int(classes[index + 1])
-        extra = counts[index] * (larger * larger - side * side) // WORD_BITS
-        if side not in compiled and extra * WORD_SECONDS < COMPILE_SECONDS:
-            counts[index + 1] += counts[index]
-            for key, value in target.items():
-                if value == side:
-                    target[key] = larger
-    return np.array([target[int(side)] for side in sides], np.int64)
+    kinds, inverse, counts = np.unique(classes, axis=0, return_inverse=True, return_counts=True)
+    target = list(range(len(kinds)))
+    size = kinds[:, 0] * kinds[:, 1]
+    for kind in np.argsort(counts, kind="stable"):
+        if tuple(kinds[kind]) in compiled:
+            continue
+        holders = [other for other in range(len(kinds)) if other != kind and target[other] == other
+                   and (kinds[other] >= kinds[kind]).all()]
+        if not holders:
+            continue
+        best = min(holders, key=lambda other: size[other])
+        if counts[kind] * (size[best] - size[kind]) * WORD_SECONDS < COMPILE_SECONDS:
+            counts[best] += counts[kind]
+            target = [best if value == kind else value for value in target]
+    return kinds[np.asarray(target)[inverse.reshape(-1)]]
 
 
-def decode_crops(table: RunTable, masks: np.ndarray, heights: np.ndarray, crops: Crops, side: int,
+def decode_crops(table: RunTable, masks: np.ndarray, heights: np.ndarray, crops: Crops, shape: tuple,
                  slots: int) -> np.ndarray:
-    """uint32 [slots, side // 32, side]: the given masks of ``table`` in their crops, packed rows (then empty slots).
+    """uint32 [slots, *shape]: the given masks of ``table`` in crops of ``shape`` = (word rows, columns),
+    packed rows (then empty slots).
 
     Every foreground interval flips the bits from its start and from its end
     (one past its last pixel, counted in its last pixel's column) to the end of
@@ -115,7 +127,7 @@ def decode_crops(table: RunTable, masks: np.ndarray, heights: np.ndarray, crops:
     each word is the parity of the flips before it. Rows below the image are
     cleared (an interval wrapping into the next column leaves them set).
     """
-    n, words_per_column = masks.size, side // WORD_BITS
+    n, (words_per_column, side) = masks.size, shape
     stride = WORD_BITS * (words_per_column + 1)
     out = np.zeros((slots, words_per_column, side), np.uint32)
     counts = np.diff(table.first)[masks]
@@ -222,7 +234,6 @@ def _batches(works: list, radii: list) -> list[list[int]]:
 
 class _BandJob(NamedTuple):
     masks: np.ndarray  # batch mask indices in the chunk's slots
-    side: int
     result: tuple  # device arrays (bands, band areas)
 
 
@@ -230,23 +241,23 @@ def _band_jobs(table: RunTable, heights, crops: Crops, radius_of: np.ndarray, ma
                chunk_words: int):
     """Starts the device band programs of a batch, chunk by chunk (yields each job as it is dispatched)."""
     present = np.flatnonzero(crops.words > 0)
-    sides = np.zeros(heights.size, np.int64)
-    sides[present] = merged_sides(crop_side(crops.words[present], crops.columns[present]), frozenset(compiled))
+    classes = merged_classes(crop_classes(crops.words[present], crops.columns[present]), frozenset(compiled))
     groups = {}
-    for mask in present.tolist():
-        groups.setdefault((int(sides[mask]), int(radius_of[mask])), []).append(mask)
-    for (side, radius), members in sorted(groups.items()):
-        slots = max(1, chunk_words * WORD_BITS // (side * side))
-        compiled.add(side)
+    for mask, (words, columns), radius in zip(present.tolist(), classes.tolist(), radius_of[present].tolist()):
+        groups.setdefault((words, columns, radius), []).append(mask)
+    for (words, columns, radius), members in sorted(groups.items()):
+        slots = max(1, chunk_words // (words * columns))
+        compiled.add((words, columns))
+        program_radius = min(max_radius, max(WORD_BITS * words, columns))  # wider bands erode a crop away
         for start in range(0, len(members), slots):
             masks = np.asarray(members[start:start + slots], np.int64)
-            words = decode_crops(table, masks, heights, crops, side, slots)
-            yield _BandJob(masks, side, crop_bands(words, np.int32(radius), max_radius=min(max_radius, side)))
+            chunk = decode_crops(table, masks, heights, crops, (words, columns), slots)
+            yield _BandJob(masks, crop_bands(chunk, np.int32(radius), max_radius=program_radius))
 
 
 def _tight_words(bands: np.ndarray, masks: np.ndarray, crops: Crops) -> np.ndarray:
     """uint32: the tight crop of each slot's band (row by row), slots in order, from a chunk [S, h, side]."""
-    slots, words_per_column, side = bands.shape
+    _, words_per_column, side = bands.shape
     piece, row, start = _segments(crops.words[masks], crops.columns[masks])
     length = crops.columns[masks][piece]
     shift = piece * (words_per_column * side) + row * side - start
@@ -315,5 +326,5 @@ def count_pairs_on_crops(works: list, dilation_ratio: float, chunk_masks: int = 
     return out
 
 
-__all__ = ["Crops", "BandPool", "mask_crops", "crop_side", "merged_sides", "decode_crops", "band_intersections",
-           "count_pairs_on_crops", "CROP_SIDES", "CHUNK_WORDS_PER_MASK", "GATHER_WORDS", "RUNS_PER_BATCH"]
+__all__ = ["Crops", "BandPool", "mask_crops", "crop_classes", "merged_classes", "decode_crops", "band_intersections",
+           "count_pairs_on_crops", "CLASS_WORDS", "CLASS_COLUMNS", "CHUNK_WORDS_PER_MASK", "GATHER_WORDS", "RUNS_PER_BATCH"]
