@@ -60,7 +60,8 @@ class Mask:
     """One annotation's or detection's mask as compressed RLE plus what the evaluators read from it.
 
     Attributes:
-      runs: int64 [m] run lengths (column-major, background first), covering the image.
+      runs: int [m] run lengths (column-major, background first), covering the image (int32 when
+        read from compressed strings, as every COCO image has fewer than 2^31 pixels; else int64).
       area: the ``area`` the evaluator uses (ground truth: the file's field;
         detections: the mask's pixel count, or the box area, see docs).
       category_id: category.
@@ -246,18 +247,30 @@ def _runs_at_once(items: list) -> tuple[list, np.ndarray]:
         strings.append(counts)
         string_items.append(index)
         pixels.append(height * width)
+    for start in range(0, len(strings), STRINGS_PER_PASS):
+        block = slice(start, start + STRINGS_PER_PASS)
+        block_runs, foreground[string_items[block]] = _strings_block(strings[block], pixels[block])
+        for index, one in zip(string_items[block], block_runs):
+            runs[index] = one
+    return runs, foreground
+
+
+STRINGS_PER_PASS = 1 << 15  # compressed strings read per pass (bounds the temporaries of a large file)
+
+
+def _strings_block(strings: list, pixels: list) -> tuple[list, np.ndarray]:
+    """The checked runs of compressed strings (each covering its ``pixels``) and their foreground pixels."""
     flat, counts = strings_runs_flat(strings)
     if flat.size and flat.min() < 0:
         raise ValueError("a negative run length")
     first = np.cumsum(counts) - counts
-    covered, string_foreground = _parity_sums(flat, first, counts)
+    covered, foreground = _parity_sums(flat, first, counts)
     if not np.array_equal(covered, np.asarray(pixels, np.int64)):
         raise ValueError("runs that do not cover the image")
-    foreground[string_items] = string_foreground
+    if flat.size and int(flat.max()) <= np.iinfo(np.int32).max:
+        flat = flat.astype(np.int32)  # half the memory of every mask held until its pairs are counted
     bounds = np.append(first, flat.size).tolist()
-    for position, index in enumerate(string_items):
-        runs[index] = flat[bounds[position]:bounds[position + 1]]
-    return runs, foreground
+    return [flat[bounds[k]:bounds[k + 1]] for k in range(len(strings))], foreground
 
 
 class SegmentationError(ValueError):
@@ -279,7 +292,7 @@ def segmentations_runs(items: list) -> tuple[list, np.ndarray]:
       items: list of ``(segmentation, height, width)`` (polygons, uncompressed or compressed RLE).
 
     Returns:
-      (list of int64 run-length arrays, int64 [n] foreground pixels).
+      (list of run-length arrays (int32 from strings, see `Mask`), int64 [n] foreground pixels).
 
     Raises:
       SegmentationError: for the first unusable item.
