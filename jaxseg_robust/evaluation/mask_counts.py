@@ -1,21 +1,22 @@
-"""Scheduling the mask-pair counts of a whole results file: on the device chunk by chunk, or on the host from runs.
+"""Scheduling the mask-pair counts of a whole results file: on tight crops, from the runs, or on whole canvases.
 
 Follows docs/protocols/boundary_ap_pq.md ("How it runs"). Each image brings
 the masks that take part in at least one (detection, ground truth) pair of a
-category and the pairs themselves. Images are padded into a few canvases
-(:func:`canvas_classes`), grouped by boundary width, and packed into chunks
-of ``chunk_masks`` masks (and at most ``4 * chunk_masks`` pairs), so one
-compiled program per canvas serves the whole file. The host decodes the next
-chunk's run lengths into packed bits while the device works on the previous
-one (JAX dispatches asynchronously).
+category and the pairs themselves (:class:`ImageWork`).
 
-Mask AP needs no boundary band, and its counts follow from the run lengths
-alone (`jaxseg_robust.metrics.run_pairs`). That host path costs less than
-the host-side decoding into packed bits that the device path needs before
-any device work (docs/benchmarking.md, "Measurements behind design choices",
-"Mask AP from run lengths"), so
-``mask_path="auto"`` takes it whatever the JAX backend. Both paths give the
-same integers.
+Boundary AP counts come from `jaxseg_robust.evaluation.crop_counts`: the
+bands of tight crops of the masks, many images' per device call, and the
+intersections on the host. Mask AP needs no boundary band, and its counts
+follow from the run lengths alone (`jaxseg_robust.metrics.run_pairs`). That
+host path costs less than the host-side decoding into packed bits that the
+device path needs before any device work (docs/benchmarking.md,
+"Measurements behind design choices", "Mask AP from run lengths"), so
+``mask_path="auto"`` takes it whatever the JAX backend. ``mask_path="device"``
+pads images into a few canvases (:func:`canvas_classes`), grouped by
+boundary width, packs them into chunks of ``chunk_masks`` masks (and at most
+``4 * chunk_masks`` pairs), so one compiled program per canvas serves the
+whole file, and decodes the next chunk's run lengths into packed bits while
+the device works on the previous one. Every path gives the same integers.
 """
 
 from __future__ import annotations
@@ -57,12 +58,13 @@ class CountSettings:
     Attributes:
       dilation_ratio: boundary width relative to the image diagonal.
       with_boundary: compute the boundary bands (Boundary AP); False for mask AP.
-      chunk_masks: masks per device call (pairs per call: 4x this).
+      chunk_masks: masks per device call of the whole-canvas path (pairs per call: 4x this); the
+        crops of Boundary AP go in chunks of ``chunk_masks * crop_counts.CHUNK_WORDS_PER_MASK`` words.
       progress: ``auto`` / ``tqdm`` / ``plain`` / ``none`` (`jaxseg_robust.runner.progress`).
       mask_path: how counts without boundaries (mask AP) are computed: ``runs``
         (intersections of the run lengths, host NumPy), ``device`` (packed bits
         on the JAX device), ``auto`` (``runs``; see the module docstring).
-        Boundary counts always run on the device.
+        Boundary counts always take the crops (bands on the device).
     """
 
     dilation_ratio: float = DEFAULT_DILATION_RATIO
