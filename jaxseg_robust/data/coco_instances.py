@@ -133,6 +133,7 @@ def collection_paused():
         if enabled:
             gc.enable()
 
+
 def read_json(source, what: str):
     """A JSON document from a path, or ``source`` itself when it is already a dict / list."""
     if isinstance(source, (dict, list)):
@@ -532,6 +533,7 @@ def _load_detections(source, gt: GroundTruth, box_area, area_field: bool, warn) 
     return by_image, every
 
 
-__all__ = ["COCO_EXTRA_HINT", "CocoFormatError", "CocoEvalWarning", "mask_api", "default_warn", "collection_paused", "Mask",
+__all__ = ["COCO_EXTRA_HINT", "CocoFormatError", "CocoEvalWarning", "mask_api", "default_warn", "collection_paused",
+           "Mask",
            "GroundTruthMask", "Detection", "GroundTruth", "read_json", "checked_runs", "to_runs",
            "SegmentationError", "segmentations_runs", "load_ground_truth", "load_detections"]

@@ -327,4 +327,5 @@ def count_pairs_on_crops(works: list, dilation_ratio: float, chunk_masks: int = 
 
 
 __all__ = ["Crops", "BandPool", "mask_crops", "crop_classes", "merged_classes", "decode_crops", "band_intersections",
-           "count_pairs_on_crops", "CLASS_WORDS", "CLASS_COLUMNS", "CHUNK_WORDS_PER_MASK", "GATHER_WORDS", "RUNS_PER_BATCH"]
+           "count_pairs_on_crops", "CLASS_WORDS", "CLASS_COLUMNS", "CHUNK_WORDS_PER_MASK", "GATHER_WORDS",
+           "RUNS_PER_BATCH"]
