@@ -43,12 +43,14 @@ class Crops(NamedTuple):
     Attributes:
       word0, column0: first word row and first column of the crop in the image.
       words, columns: size of the crop (0 for an empty mask).
+      rows: pixel rows of the mask's bounding box (0 for an empty mask).
     """
 
     word0: np.ndarray
     column0: np.ndarray
     words: np.ndarray
     columns: np.ndarray
+    rows: np.ndarray
 
 
 def mask_crops(table: RunTable, heights: np.ndarray) -> Crops:
@@ -65,13 +67,15 @@ def mask_crops(table: RunTable, heights: np.ndarray) -> Crops:
     single = first_column == last_column
     top = np.where(single, starts % height, 0)
     bottom = np.where(single, (ends - 1) % height, height - 1)
-    crops = Crops(*(np.zeros(heights.size, np.int64) for _ in range(4)))
+    crops = Crops(*(np.zeros(heights.size, np.int64) for _ in Crops._fields))
     if owner.size:
         group = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
         masks = owner[group]
-        word0 = np.minimum.reduceat(top, group) // WORD_BITS
+        first_row, last_row = np.minimum.reduceat(top, group), np.maximum.reduceat(bottom, group)
+        word0 = first_row // WORD_BITS
         crops.word0[masks] = word0
-        crops.words[masks] = np.maximum.reduceat(bottom, group) // WORD_BITS + 1 - word0
+        crops.words[masks] = last_row // WORD_BITS + 1 - word0
+        crops.rows[masks] = last_row + 1 - first_row
         crops.column0[masks] = first_column[group]
         crops.columns[masks] = last_column[np.append(group[1:], owner.size) - 1] + 1 - first_column[group]
     return crops
@@ -239,20 +243,30 @@ class _BandJob(NamedTuple):
 
 def _band_jobs(table: RunTable, heights, crops: Crops, radius_of: np.ndarray, max_radius: int, compiled: set,
                chunk_words: int):
-    """Starts the device band programs of a batch, chunk by chunk (yields each job as it is dispatched)."""
+    """Starts the device band programs of a batch, chunk by chunk (yields each job as it is dispatched).
+
+    A mask whose box is narrower or lower than the ``2 d + 1`` square has no
+    eroded pixel: its band is the mask, decoded on the host without a device call.
+    """
     present = np.flatnonzero(crops.words > 0)
     classes = merged_classes(crop_classes(crops.words[present], crops.columns[present]), frozenset(compiled))
+    whole = np.minimum(crops.rows, crops.columns)[present] < 2 * radius_of[present] + 1
     groups = {}
-    for mask, (words, columns), radius in zip(present.tolist(), classes.tolist(), radius_of[present].tolist()):
-        groups.setdefault((words, columns, radius), []).append(mask)
+    for mask, (words, columns), radius, is_whole in zip(present.tolist(), classes.tolist(),
+                                                         radius_of[present].tolist(), whole.tolist()):
+        groups.setdefault((words, columns, -1 if is_whole else radius), []).append(mask)
     for (words, columns, radius), members in sorted(groups.items()):
         slots = max(1, chunk_words // (words * columns))
-        compiled.add((words, columns))
+        if radius >= 0:
+            compiled.add((words, columns))
         program_radius = min(max_radius, max(WORD_BITS * words, columns))  # wider bands erode a crop away
         for start in range(0, len(members), slots):
             masks = np.asarray(members[start:start + slots], np.int64)
-            chunk = decode_crops(table, masks, heights, crops, (words, columns), slots)
-            yield _BandJob(masks, crop_bands(chunk, np.int32(radius), max_radius=program_radius))
+            chunk = decode_crops(table, masks, heights, crops, (words, columns), slots if radius >= 0 else masks.size)
+            if radius < 0:
+                yield _BandJob(masks, (chunk, table.area[masks]))
+            else:
+                yield _BandJob(masks, crop_bands(chunk, np.int32(radius), max_radius=program_radius))
 
 
 def _tight_words(bands: np.ndarray, masks: np.ndarray, crops: Crops) -> np.ndarray:
