@@ -17,7 +17,9 @@ categories) is reported through ``warn``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import math
 import pathlib
@@ -53,38 +55,46 @@ def default_warn(message: str) -> None:
     warnings.warn(message, CocoEvalWarning, stacklevel=3)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Mask:
     """One annotation's or detection's mask as compressed RLE plus what the evaluators read from it.
 
     Attributes:
-      runs: int64 [m] run lengths (column-major, background first), covering the image.
+      runs: int [m] run lengths (column-major, background first), covering the image (int32 when
+        read from compressed strings, as every COCO image has fewer than 2^31 pixels; else int64).
       area: the ``area`` the evaluator uses (ground truth: the file's field;
         detections: the mask's pixel count, or the box area, see docs).
-      category_id: category; label: what an error message calls it.
+      category_id: category.
     """
 
     runs: np.ndarray
     area: float
     category_id: object
-    label: str
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class GroundTruthMask(Mask):
-    """A ground-truth annotation (``ann_id``; ``crowd`` = iscrowd; ``ignore`` = ignore or iscrowd)."""
+    """A ground-truth annotation (``ann_id``; ``crowd`` = iscrowd; ``ignore`` = ignore or iscrowd;
+    ``label``: what an error message calls it)."""
 
+    label: str = ""
     ann_id: object = None
     crowd: bool = False
     ignore: bool = False
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Detection(Mask):
-    """A detection (``index``: 0-based position in the results list; ``score``)."""
+    """A detection (``index``: 0-based position in the results list; ``score``; ``image_id``)."""
 
     index: int = 0
     score: float = 0.0
+    image_id: object = None
+
+    @property
+    def label(self) -> str:
+        """What an error message calls the detection: ``results[i] (image ...)``."""
+        return _result_label(self.index, self.image_id)
 
 
 @dataclasses.dataclass
@@ -108,6 +118,22 @@ class GroundTruth:
 
 # ---- file reading ------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def collection_paused():
+    """Pauses Python's cyclic garbage collector (restored on exit, as it was).
+
+    Reading a results file makes millions of small objects and no cycles;
+    each automatic collection would walk all of them again.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def read_json(source, what: str):
     """A JSON document from a path, or ``source`` itself when it is already a dict / list."""
     if isinstance(source, (dict, list)):
@@ -116,7 +142,7 @@ def read_json(source, what: str):
     if not path.is_file():
         raise CocoFormatError(f"{what} {path} does not exist")
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle, collection_paused():
             return json.load(handle)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CocoFormatError(f"{what} {path} is not readable JSON: {error}") from None
@@ -177,39 +203,75 @@ def to_runs(segmentation, height: int, width: int) -> np.ndarray:
     return checked_runs(segmentation, height, width)
 
 
+def _string_counts(segmentation, height: int, width: int):
+    """The compressed string of an RLE dict of the right size (checked), or None for any other segmentation."""
+    if type(segmentation) is dict:  # the common case, without the ABC check of Mapping
+        counts = segmentation.get("counts")
+        if type(counts) is str or type(counts) is bytes:
+            if segmentation.get("size") != [height, width]:
+                _check_size(segmentation, height, width)
+            return counts
+        return None
+    if isinstance(segmentation, Mapping) and isinstance(segmentation.get("counts"), (str, bytes)):
+        _check_size(segmentation, height, width)
+        return segmentation["counts"]
+    return None
+
+
+def _parity_sums(flat: np.ndarray, first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 [n] sums of each piece's runs (all, and those at odd positions within the piece: its foreground).
+
+    Two cumulative sums over the even and the odd positions of the whole
+    array (half its length each) give both; no per-run temporary.
+    """
+    even = np.concatenate([[0], np.cumsum(flat[0::2])])
+    odd = np.concatenate([[0], np.cumsum(flat[1::2])])
+    end = first + counts
+    even_sum = even[(end + 1) // 2] - even[(first + 1) // 2]
+    odd_sum = odd[end // 2] - odd[first // 2]
+    return even_sum + odd_sum, np.where(first & 1, even_sum, odd_sum)
+
+
 def _runs_at_once(items: list) -> tuple[list, np.ndarray]:
     """:func:`segmentations_runs` for valid input; any problem raises a ValueError that may not name the item."""
-    strings, from_string, pixels = [], np.zeros(len(items), bool), []
+    strings, string_items, pixels = [], [], []
     runs: list = [None] * len(items)
+    foreground = np.zeros(len(items), np.int64)
     for index, (segmentation, height, width) in enumerate(items):
-        if isinstance(segmentation, list):
-            strings.append(_polygon_string(segmentation, height, width))
-        elif isinstance(segmentation, Mapping) and isinstance(segmentation.get("counts"), (str, bytes)):
-            _check_size(segmentation, height, width)
-            strings.append(segmentation["counts"])
-        else:
+        counts = _string_counts(segmentation, height, width)
+        if counts is None and isinstance(segmentation, list):
+            counts = _polygon_string(segmentation, height, width)
+        if counts is None:
             runs[index] = to_runs(segmentation, height, width)
+            foreground[index] = foreground_pixels(runs[index])
             continue
-        from_string[index] = True
+        strings.append(counts)
+        string_items.append(index)
         pixels.append(height * width)
+    for start in range(0, len(strings), STRINGS_PER_PASS):
+        block = slice(start, start + STRINGS_PER_PASS)
+        block_runs, foreground[string_items[block]] = _strings_block(strings[block], pixels[block])
+        for index, one in zip(string_items[block], block_runs):
+            runs[index] = one
+    return runs, foreground
+
+
+STRINGS_PER_PASS = 1 << 15  # compressed strings read per pass (bounds the temporaries of a large file)
+
+
+def _strings_block(strings: list, pixels: list) -> tuple[list, np.ndarray]:
+    """The checked runs of compressed strings (each covering its ``pixels``) and their foreground pixels."""
     flat, counts = strings_runs_flat(strings)
     if flat.size and flat.min() < 0:
         raise ValueError("a negative run length")
     first = np.cumsum(counts) - counts
-    covered = np.concatenate([[0], np.cumsum(flat)])
-    if not np.array_equal(covered[first + counts] - covered[first], np.asarray(pixels, np.int64)):
+    covered, foreground = _parity_sums(flat, first, counts)
+    if not np.array_equal(covered, np.asarray(pixels, np.int64)):
         raise ValueError("runs that do not cover the image")
-    odd_runs = np.where((np.arange(flat.size) - np.repeat(first, counts)) & 1, flat, 0)
-    foreground_before = np.concatenate([[0], np.cumsum(odd_runs)])
-    foreground = np.zeros(len(items), np.int64)
-    foreground[from_string] = foreground_before[first + counts] - foreground_before[first]
-    pieces = iter(np.split(flat, first[1:]) if strings else [])
-    for index in range(len(items)):
-        if from_string[index]:
-            runs[index] = next(pieces)
-        else:
-            foreground[index] = foreground_pixels(runs[index])
-    return runs, foreground
+    if flat.size and int(flat.max()) <= np.iinfo(np.int32).max:
+        flat = flat.astype(np.int32)  # half the memory of every mask held until its pairs are counted
+    bounds = np.append(first, flat.size).tolist()
+    return [flat[bounds[k]:bounds[k + 1]] for k in range(len(strings))], foreground
 
 
 class SegmentationError(ValueError):
@@ -231,7 +293,7 @@ def segmentations_runs(items: list) -> tuple[list, np.ndarray]:
       items: list of ``(segmentation, height, width)`` (polygons, uncompressed or compressed RLE).
 
     Returns:
-      (list of int64 run-length arrays, int64 [n] foreground pixels).
+      (list of run-length arrays (int32 from strings, see `Mask`), int64 [n] foreground pixels).
 
     Raises:
       SegmentationError: for the first unusable item.
@@ -349,6 +411,45 @@ def load_ground_truth(source) -> GroundTruth:
 
 # ---- results ---------------------------------------------------------------------------------------
 
+def _result_label(index: int, image_id) -> str:
+    return f"results[{index}] (image {image_id!r})"
+
+
+class _ResultLabels:
+    """``results[i] (image ...)`` of every result, formed only when an error names one (a sequence)."""
+
+    def __init__(self, results: list):
+        self._results = results
+
+    def __getitem__(self, index: int) -> str:
+        return _result_label(index, self._results[index]["image_id"])
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+
+_NUMBER_TYPES = (int, float)
+
+
+def _numbers(values: list, labels, what: str) -> np.ndarray:
+    """float64 [n] of finite numbers (plain ints / floats checked at once; otherwise one by one, naming the item)."""
+    if all(type(value) in _NUMBER_TYPES for value in values):
+        array = np.array(values, np.float64)
+        if np.isfinite(array).all():
+            return array
+    return np.array([_number(value, f"{labels[index]} {what}") for index, value in enumerate(values)], np.float64)
+
+
+def _box_areas(results: list, labels) -> np.ndarray:
+    """float64 [n]: every result's ``bbox`` w * h (the official loader's area when the first result has a box)."""
+    boxes = [result.get("bbox") for result in results]
+    for index, box in enumerate(boxes):
+        if not isinstance(box, (list, tuple)) or len(box) != 4:
+            _box_area(results[index], labels[index])  # raises, naming the result
+    widths = _numbers([box[2] for box in boxes], labels, "bbox width")
+    heights = _numbers([box[3] for box in boxes], labels, "bbox height")
+    return widths * heights
+
 def _box_area(result: Mapping, label: str) -> float:
     box = result.get("bbox")
     if not isinstance(box, (list, tuple)) or len(box) != 4:
@@ -394,6 +495,11 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None, ar
     Raises:
       CocoFormatError: naming the result by its position (``results[i]``) and its image.
     """
+    with collection_paused():
+        return _load_detections(source, gt, box_area, area_field, warn)
+
+
+def _load_detections(source, gt: GroundTruth, box_area, area_field: bool, warn) -> tuple[dict, list[Detection]]:
     results = read_json(source, "results file")
     if not isinstance(results, list):
         raise CocoFormatError(f"results must be a JSON list of detections, got {type(results).__name__}")
@@ -402,21 +508,22 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None, ar
         box_area = bool(results) and bool(results[0].get("bbox"))
     by_image: dict = {image_id: [] for image_id in gt.images}
     every, unknown = [], {}
-    labels = [f"results[{index}] (image {result['image_id']!r})" for index, result in enumerate(results)]
+    labels = _ResultLabels(results)
     runs, foreground = _named_runs([(r["segmentation"], *gt.images[r["image_id"]]) for r in results], labels)
-    for index, result in enumerate(results):
-        label = labels[index]
-        if area_field:
-            area = _number(result.get("area"), f"{label} 'area'")
-        else:
-            area = _box_area(result, label) if box_area else float(foreground[index])
-        detection = Detection(runs=runs[index], area=area, category_id=result["category_id"], label=label,
-                              index=index, score=_number(result["score"], f"{label} 'score'"))
+    scores = _numbers([result["score"] for result in results], labels, "'score'")
+    if area_field:
+        areas = _numbers([result.get("area") for result in results], labels, "'area'")
+    else:
+        areas = _box_areas(results, labels) if box_area else foreground.astype(np.float64)
+    categories = gt.categories
+    for index, (result, mask_runs, area, score) in enumerate(zip(results, runs, areas.tolist(), scores.tolist())):
+        category_id, image_id = result["category_id"], result["image_id"]
+        detection = Detection(mask_runs, area, category_id, index, score, image_id)
         every.append(detection)
-        if result["category_id"] in gt.categories:
-            by_image[result["image_id"]].append(detection)
+        if category_id in categories:
+            by_image[image_id].append(detection)
         else:
-            unknown.setdefault(result["category_id"], []).append(index)
+            unknown.setdefault(category_id, []).append(index)
     if unknown:
         shown = ", ".join(f"{cat!r} ({len(ix)}, first results[{ix[0]}])" for cat, ix in list(unknown.items())[:5])
         warn(f"{sum(map(len, unknown.values()))} detection(s) have category ids not in the ground truth and are "
@@ -426,6 +533,7 @@ def load_detections(source, gt: GroundTruth, *, box_area: bool | None = None, ar
     return by_image, every
 
 
-__all__ = ["COCO_EXTRA_HINT", "CocoFormatError", "CocoEvalWarning", "mask_api", "default_warn", "Mask",
+__all__ = ["COCO_EXTRA_HINT", "CocoFormatError", "CocoEvalWarning", "mask_api", "default_warn", "collection_paused",
+           "Mask",
            "GroundTruthMask", "Detection", "GroundTruth", "read_json", "checked_runs", "to_runs",
            "SegmentationError", "segmentations_runs", "load_ground_truth", "load_detections"]

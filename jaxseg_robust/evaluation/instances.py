@@ -24,6 +24,7 @@ import numpy as np
 from jaxseg_robust.data.coco_instances import (
     CocoFormatError,
     GroundTruth,
+    collection_paused,
     default_warn,
     load_detections,
     load_ground_truth,
@@ -385,11 +386,11 @@ def _select(gt: GroundTruth, scope: Scope, results, config: InstanceEvalConfig, 
     if config.dataset == "lvis":
         box_area = isinstance(raw, list) and bool(raw) and isinstance(raw[0], dict) and "bbox" in raw[0]
         _, every = load_detections(raw, gt, box_area=box_area, area_field=area_field, warn=warn)
-        images_of = [raw[d.index]["image_id"] for d in every]
+        images_of = [d.image_id for d in every]
         gts, dts = _lvis_blocks(gt, every, images_of, config.lvis_max_dets)
     else:
         by_image, every = load_detections(raw, gt, area_field=area_field, warn=warn)
-        images_of = [raw[d.index]["image_id"] for d in every]
+        images_of = [d.image_id for d in every]
         gts, dts = _coco_blocks(gt, by_image)
     evaluated = set(scope.image_ids)
     return _block_lists(scope, gts, dts, config.params.block_limit), sum(i in evaluated for i in images_of)
@@ -420,10 +421,11 @@ def prepare_instances(ground_truth, results, config: InstanceEvalConfig = Instan
 
     ``area_field``: each result carries the ``area`` to use (as pycocotools' ``loadRes`` leaves it).
     """
-    gt = load_ground_truth(ground_truth)
-    scope = evaluation_scope(gt, config)
-    blocks, n_detections = _select(gt, scope, results, config, warn, area_field)
-    works, pair_index = _image_work(gt, blocks)
+    with collection_paused():
+        gt = load_ground_truth(ground_truth)
+        scope = evaluation_scope(gt, config)
+        blocks, n_detections = _select(gt, scope, results, config, warn, area_field)
+        works, pair_index = _image_work(gt, blocks)
     return PreparedInstances(gt, scope, blocks, works, pair_index, n_detections)
 
 

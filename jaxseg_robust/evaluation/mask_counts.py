@@ -1,21 +1,22 @@
-"""Scheduling the mask-pair counts of a whole results file: on the device chunk by chunk, or on the host from runs.
+"""Scheduling the mask-pair counts of a whole results file: on tight crops, from the runs, or on whole canvases.
 
 Follows docs/protocols/boundary_ap_pq.md ("How it runs"). Each image brings
 the masks that take part in at least one (detection, ground truth) pair of a
-category and the pairs themselves. Images are padded into a few canvases
-(:func:`canvas_classes`), grouped by boundary width, and packed into chunks
-of ``chunk_masks`` masks (and at most ``4 * chunk_masks`` pairs), so one
-compiled program per canvas serves the whole file. The host decodes the next
-chunk's run lengths into packed bits while the device works on the previous
-one (JAX dispatches asynchronously).
+category and the pairs themselves (:class:`ImageWork`).
 
-Mask AP needs no boundary band, and its counts follow from the run lengths
-alone (`jaxseg_robust.metrics.run_pairs`). That host path costs less than
-the host-side decoding into packed bits that the device path needs before
-any device work (docs/benchmarking.md, "Measurements behind design choices",
-"Mask AP from run lengths"), so
-``mask_path="auto"`` takes it whatever the JAX backend. Both paths give the
-same integers.
+Boundary AP counts come from `jaxseg_robust.evaluation.crop_counts`: the
+bands of tight crops of the masks, many images' per device call, and the
+intersections on the host. Mask AP needs no boundary band, and its counts
+follow from the run lengths alone (`jaxseg_robust.metrics.run_pairs`). That
+host path costs less than the host-side decoding into packed bits that the
+device path needs before any device work (docs/benchmarking.md,
+"Measurements behind design choices", "Mask AP from run lengths"), so
+``mask_path="auto"`` takes it whatever the JAX backend. ``mask_path="device"``
+pads images into a few canvases (:func:`canvas_classes`), grouped by
+boundary width, packs them into chunks of ``chunk_masks`` masks (and at most
+``4 * chunk_masks`` pairs), so one compiled program per canvas serves the
+whole file, and decodes the next chunk's run lengths into packed bits while
+the device works on the previous one. Every path gives the same integers.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import jax
 import numpy as np
 
 from jaxseg_robust.data.coco_rle import decode_into
+from jaxseg_robust.evaluation.crop_counts import count_pairs_on_crops
 from jaxseg_robust.metrics.mask_pairs import PairCounts, chunk_pair_counts, packed_words
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, boundary_width
 from jaxseg_robust.metrics.run_pairs import pair_intersections, run_table
@@ -56,12 +58,13 @@ class CountSettings:
     Attributes:
       dilation_ratio: boundary width relative to the image diagonal.
       with_boundary: compute the boundary bands (Boundary AP); False for mask AP.
-      chunk_masks: masks per device call (pairs per call: 4x this).
+      chunk_masks: masks per device call of the whole-canvas path (pairs per call: 4x this); the
+        crops of Boundary AP go in chunks of ``chunk_masks * crop_counts.CHUNK_WORDS_PER_MASK`` words.
       progress: ``auto`` / ``tqdm`` / ``plain`` / ``none`` (`jaxseg_robust.runner.progress`).
       mask_path: how counts without boundaries (mask AP) are computed: ``runs``
         (intersections of the run lengths, host NumPy), ``device`` (packed bits
         on the JAX device), ``auto`` (``runs``; see the module docstring).
-        Boundary counts always run on the device.
+        Boundary counts always take the crops (bands on the device).
     """
 
     dilation_ratio: float = DEFAULT_DILATION_RATIO
@@ -219,14 +222,19 @@ def count_pairs_on_runs(works: list[ImageWork], progress=None) -> list[PairCount
 def count_pairs(works: list[ImageWork], settings: CountSettings) -> list[PairCounts | None]:
     """Areas, boundary areas and pair intersections of every image's masks (None for images without pairs).
 
-    Mask AP counts come from :func:`count_pairs_on_runs` when :func:`uses_runs`
-    says so, else from the device. Shows a progress display over the masks
+    Boundary AP counts come from `jaxseg_robust.evaluation.crop_counts` (bands
+    of tight crops on the device, intersections on the host); mask AP counts
+    from :func:`count_pairs_on_runs` when :func:`uses_runs` says so, else from
+    the device (whole canvases, :func:`plan_chunks`). Shows a progress display over the masks
     (``settings.progress``) on stderr.
     """
-    if uses_runs(settings):
+    if uses_runs(settings) or settings.with_boundary:
         total = sum(len(work.masks) for work in works if work.pairs.size)
-        progress = make_progress(total, settings.progress, desc="mask counts (runs)")
+        what = "mask and boundary counts (crops)" if settings.with_boundary else "mask counts (runs)"
+        progress = make_progress(total, settings.progress, desc=what)
         try:
+            if settings.with_boundary:
+                return count_pairs_on_crops(works, settings.dilation_ratio, settings.chunk_masks, progress)
             return count_pairs_on_runs(works, progress)
         finally:
             progress.close()

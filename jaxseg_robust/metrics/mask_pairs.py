@@ -136,6 +136,28 @@ def chunk_pair_counts(words, radius, pairs, *, max_radius: int, with_boundary: b
                       boundary_intersection=boundary_intersection)
 
 
+@functools.partial(jax.jit, static_argnames=("max_radius",))
+def crop_bands(words, radius, *, max_radius: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Inner boundary bands of masks cut to tight crops, and their pixel counts.
+
+    A crop holds every foreground pixel of its mask; pixels outside it are
+    background, as is the outside of the image, so the erosion of the crop
+    (outside = background) equals that of the whole mask inside the crop
+    (docs/protocols/boundary_ap_pq.md, "Crops").
+
+    Args:
+      words: uint32 [N, h, W] packed crops (bit ``j`` of word ``[n, k, x]`` = crop pixel ``(32 k + j, x)``).
+      radius: int32 scalar, the band width d of every crop (traced).
+      max_radius: static bound on ``radius`` (clipped to it).
+
+    Returns:
+      (band words uint32 [N, h, W], band pixels int32 [N]) (device arrays).
+    """
+    rows = jnp.asarray(words, jnp.uint32)
+    band = rows & ~erode_square_packed_traced(rows, radius, max_radius)
+    return band, count_packed(band)
+
+
 def pair_ious(intersection, area_a, area_b, crowd) -> np.ndarray:
     """pycocotools' mask IoU from counts (host, float64), ``a`` = detection, ``b`` = ground truth.
 
@@ -162,4 +184,4 @@ def boundary_ap_ious(mask_iou, boundary_iou, crowd) -> np.ndarray:
 
 
 __all__ = ["PairCounts", "packed_words", "pack_decoded_masks", "chunk_buffer", "buffer_words",
-           "chunk_pair_counts", "pair_ious", "boundary_ap_ious"]
+           "chunk_pair_counts", "crop_bands", "pair_ious", "boundary_ap_ious"]
