@@ -32,8 +32,8 @@ def head_params(seed: int = 0) -> dict:
     def f(*shape, scale=0.5):
         return jnp.asarray(rng.normal(0, scale, shape), jnp.float32)
 
-    return {"theta": {"kernel": f(d, L), "bias": f(L)}, "omega": f(L, 1), "logsigma2": f(DEEP, scale=0.3),
-            "u_mlp": {"0": {"kernel": f(d, 8), "bias": f(8)}, "2": {"kernel": f(8, 1), "bias": f(1)}},
+    return {"theta": {"weight": f(d, L), "bias": f(L)}, "omega": f(L, 1), "logsigma2": f(DEEP, scale=0.3),
+            "u_mlp": {"0": {"weight": f(d, 8), "bias": f(8)}, "2": {"weight": f(8, 1), "bias": f(1)}},
             "weights": f(1)}
 
 
@@ -52,7 +52,7 @@ def dense_gp(params, feature, rc, signs, eps=1e-7, targets=None):
     f = np.asarray(feature, np.float64)
 
     def phi(x):
-        return np.sqrt(2.0 / L) * np.sin(x @ p["theta"]["kernel"] + p["theta"]["bias"])
+        return np.sqrt(2.0 / L) * np.sin(x @ p["theta"]["weight"] + p["theta"]["bias"])
 
     def k(a, b):
         s = np.exp(p["logsigma2"])
@@ -65,8 +65,8 @@ def dense_gp(params, feature, rc, signs, eps=1e-7, targets=None):
         return prior
     z = np.stack([f[r, c] for r, c in rc])
     if targets is None:
-        hidden = np.maximum(z @ p["u_mlp"]["0"]["kernel"] + p["u_mlp"]["0"]["bias"], 0)
-        u = np.log1p(np.exp(hidden @ p["u_mlp"]["2"]["kernel"] + p["u_mlp"]["2"]["bias"]))[:, 0] * np.asarray(signs)
+        hidden = np.maximum(z @ p["u_mlp"]["0"]["weight"] + p["u_mlp"]["0"]["bias"], 0)
+        u = np.log1p(np.exp(hidden @ p["u_mlp"]["2"]["weight"] + p["u_mlp"]["2"]["bias"]))[:, 0] * np.asarray(signs)
         targets = u - phi(z) @ p["omega"][:, 0]
     v = np.linalg.inv(k(z, z) + eps * np.eye(len(rc))) @ targets
     return prior + k(f, z) @ v
@@ -108,11 +108,11 @@ def test_opposite_clicks_on_one_pixel_give_one_point_with_the_mean_target():
     # and explicitly: one inducing point at (5, 4) whose target u is 0 (mean of +m and -m)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     f = np.asarray(feature, np.float64)
-    prior_at = (np.sqrt(2.0 / L) * np.sin(f @ p["theta"]["kernel"] + p["theta"]["bias"])) @ p["omega"][:, 0]
+    prior_at = (np.sqrt(2.0 / L) * np.sin(f @ p["theta"]["weight"] + p["theta"]["bias"])) @ p["omega"][:, 0]
     single = dense_gp(params, feature, [(5, 4), (9, 1)], [1, 1])
     z1 = f[9, 1]
-    hidden = np.maximum(z1 @ p["u_mlp"]["0"]["kernel"] + p["u_mlp"]["0"]["bias"], 0)
-    u1 = np.log1p(np.exp(hidden @ p["u_mlp"]["2"]["kernel"] + p["u_mlp"]["2"]["bias"]))[0]
+    hidden = np.maximum(z1 @ p["u_mlp"]["0"]["weight"] + p["u_mlp"]["0"]["bias"], 0)
+    u1 = np.log1p(np.exp(hidden @ p["u_mlp"]["2"]["weight"] + p["u_mlp"]["2"]["bias"]))[0]
     explicit = dense_gp(params, feature, [(5, 4), (9, 1)], None,
                         targets=np.array([0.0 - prior_at[5, 4], u1 - prior_at[9, 1]]))
     np.testing.assert_allclose(out, explicit, atol=2e-4 * np.abs(explicit).max())

@@ -114,13 +114,13 @@ class PredictorView:
           the logits, sigmoid, pasted back, zero outside the image; the `IsegmState` after it).
         """
         seg = self.segmenter
-        maps = seg.click_features(points, labels, crop.prev)
         if self.options.with_flip:
+            maps = seg.click_features(points, labels, crop.prev)
             logits = seg.network_logits(params, jnp.stack([crop.image, crop.image[:, ::-1]]),
                                         jnp.stack([maps, maps[:, ::-1]]))
             halves = jnp.stack([logits[0], logits[1][:, ::-1]])
         else:
-            halves = seg.network_logits(params, crop.image, maps)[None]
+            halves = seg.grid_logits(params, crop.image, points, labels, crop.prev)[None]
         prob = jax.nn.sigmoid(jnp.mean(halves, axis=0))
         if self.options.zoom_in is not None:
             prob = paste_back(prob, crop.roi, tuple(frame_hw))

@@ -45,10 +45,10 @@ INFERENCE_EPS = 1e-7
 
 def random_features(params: dict, x: jnp.ndarray) -> jnp.ndarray:
     """phi(x) = sqrt(2 / L) sin(theta(x)): f32[..., D] -> f32[..., L]."""
-    kernel = params["theta"]["kernel"]
-    proj = jnp.einsum("...d,dl->...l", x, kernel, precision=jax.lax.Precision.HIGHEST)
+    weight = params["theta"]["weight"]
+    proj = jnp.einsum("...d,dl->...l", x, weight, precision=jax.lax.Precision.HIGHEST)
     proj = proj + params["theta"]["bias"]
-    return jnp.sqrt(2.0 / kernel.shape[1]) * jnp.sin(proj)
+    return jnp.sqrt(2.0 / weight.shape[1]) * jnp.sin(proj)
 
 
 def prior_sample(params: dict, x: jnp.ndarray) -> jnp.ndarray:
@@ -60,8 +60,8 @@ def prior_sample(params: dict, x: jnp.ndarray) -> jnp.ndarray:
 def click_targets(params: dict, z: jnp.ndarray, signs: jnp.ndarray) -> jnp.ndarray:
     """u = softplus(u_mlp(z)) * sign: z f32[N, D], signs f32[N] (+1 / -1) -> f32[N]."""
     mlp = params["u_mlp"]
-    hidden = jax.nn.relu(jnp.dot(z, mlp["0"]["kernel"], precision=jax.lax.Precision.HIGHEST) + mlp["0"]["bias"])
-    out = jnp.dot(hidden, mlp["2"]["kernel"], precision=jax.lax.Precision.HIGHEST) + mlp["2"]["bias"]
+    hidden = jax.nn.relu(jnp.dot(z, mlp["0"]["weight"], precision=jax.lax.Precision.HIGHEST) + mlp["0"]["bias"])
+    out = jnp.dot(hidden, mlp["2"]["weight"], precision=jax.lax.Precision.HIGHEST) + mlp["2"]["bias"]
     return jax.nn.softplus(out[:, 0]) * signs
 
 
