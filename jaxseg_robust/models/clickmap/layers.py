@@ -7,7 +7,8 @@ are ported with Flax parameter paths that mirror the torch module paths
 are short and obviously one-to-one. Leaf names are torch's:
 
 * `Conv2d`: ``weight`` f32[kh, kw, in/groups, out] (torch [out, in, kh, kw]
-  transposed), ``bias`` f32[out]; explicit symmetric zero padding; its input
+  transposed), ``bias`` f32[out]; explicit symmetric zero padding, optional
+  dilation (the isegm ResNets and ASPP, `models.isegm_resnet`); its input
   gradient in XLA:CPU's fast form inside loops (`jaxseg_robust.ops.conv`: the
   TETRIS attack differentiates through the network inside ``scan``);
 * `ConvTranspose2d` (kernel = stride, no padding): ``weight`` f32[in, out, k, k]
@@ -59,6 +60,7 @@ class Conv2d(nn.Module):
     padding: int = 0
     groups: int = 1
     bias: bool = True
+    dilation: int = 1
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -70,7 +72,7 @@ class Conv2d(nn.Module):
         p = self.padding
         y = conv_general_dilated(
             x4, weight.astype(x.dtype), (self.stride, self.stride), ((p, p), (p, p)),
-            dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=self.groups)
+            rhs_dilation=(self.dilation, self.dilation), dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=self.groups)
         if self.bias:
             y = y + self.param("bias", _zeros, (self.out_channels,)).astype(x.dtype)
         return y.reshape(lead + y.shape[1:])
