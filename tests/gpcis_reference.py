@@ -9,6 +9,9 @@ previous mask), fills every tensor with seeded random values
 (``set_status(training=False)``: eps 1e-7, ``eval()``). Their ``DeepLabV3Plus``
 hard-codes the ResNet-50 channel counts, so only the ResNet-50 is built.
 
+Libraries its package imports but inference does not use (tensorboard, ...)
+get the stand-ins of tests/isegm_reference.py (`install_stubs`).
+
 GPCIS, RITM and SimpleClick all ship a top-level package ``isegm``: the
 loader drops another checkout's ``isegm`` modules from ``sys.modules`` before
 importing this one.
@@ -47,8 +50,9 @@ def import_gpmodel():
             del sys.modules[name]
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
-    if not hasattr(np, "int"):
-        np.int = int
+    from isegm_reference import install_stubs  # noqa: PLC0415
+
+    install_stubs()  # torch.utils.tensorboard (imported by isegm/utils/log.py), np.int, ...
     from isegm.model.is_gp_resnet50 import GpModel  # noqa: PLC0415
 
     return GpModel
@@ -110,3 +114,34 @@ def reference_logits(model, image: np.ndarray, prev: np.ndarray, points_xy: np.n
     prior = model.Pathwise_GP_prior(feature, model.omega)
     out, _ = model.Pathwise_GP_update(points, feature, pss, label_list, prior, model.omega)
     return out[0, 0]
+
+
+def reference_trajectory(model, image: np.ndarray, gt: np.ndarray, n_clicks: int, zoom_in_params: dict,
+                         infer_size: int, threshold: float = 0.49):
+    """The authors' evaluation loop (``evaluate_sample`` without an initial mask, so no progressive
+    merge): isegm's clicker on ``gt`` bool[H, W], GPCIS's ``BaselinePredictor`` (zoom-in, ``ResizeTrans``
+    to ``infer_size``, sigmoid) on ``image`` uint8[H, W, 3].
+
+    Returns:
+      (clicks [(row, col, is_positive)], probability maps f32[n_clicks, H, W]).
+    """
+    import torch  # noqa: PLC0415
+
+    import_gpmodel()
+    from isegm.inference.clicker import Clicker  # noqa: PLC0415
+    from isegm.inference.predictors import get_predictor  # noqa: PLC0415
+
+    predictor = get_predictor(model, "NoBRS", torch.device("cpu"), infer_size=infer_size,
+                              prob_thresh=threshold, zoom_in_params=zoom_in_params)
+    clicker = Clicker(gt_mask=gt.astype(np.int32))
+    pred_mask = np.zeros_like(gt, dtype=bool)
+    probs = []
+    with torch.no_grad():
+        predictor.set_input_image(image)
+        for _ in range(n_clicks):
+            clicker.make_next_click(pred_mask)
+            prob = predictor.get_prediction(clicker)
+            pred_mask = prob > threshold
+            probs.append(prob)
+    clicks = [(int(c.coords[0]), int(c.coords[1]), bool(c.is_positive)) for c in clicker.clicks_list]
+    return clicks, np.stack(probs)

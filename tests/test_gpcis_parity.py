@@ -123,3 +123,39 @@ def test_click_map_gradient_matches_the_authors(sides, inputs):
     print(f"\nPARITY gpcis click-map gradient: rel_l2={rel:.3g} |ref|={np.linalg.norm(ref):.3g}")
     assert np.linalg.norm(ref) > 0
     assert rel <= GRAD_RTOL
+
+
+def test_noc_trajectory_matches_the_authors_predictor(sides, real_data_dir):
+    """The authors' loop (isegm clicker + GPCIS's predictor as the TETRIS authors configure it: zoom-in
+    with ``skip_clicks=0``, ``ResizeTrans`` to 384) against `GpcisSegmenter.interactive_predict` with the
+    same clicks: every click's probability map within 1e-4 and the same masks. The image's later clicks
+    zoom into a box whose IoU with the previous ROI is above 0.5, where GPCIS recomputes the ROI (RITM's
+    zoom-in would keep it)."""
+    from gpcis_reference import reference_trajectory  # noqa: PLC0415
+
+    model, segmenter, params = sides
+    with open(real_data_dir / "davis" / "index.csv") as f:
+        row = next(csv.DictReader(f))
+    size = (120, 160)
+    image = np.asarray(Image.open(real_data_dir / "davis" / row["image"]).convert("RGB").resize(size[::-1],
+                                                                                               Image.BILINEAR))
+    mask = np.asarray(Image.open(real_data_dir / "davis" / row["mask"]).resize(size[::-1], Image.NEAREST))
+    gt = (mask if mask.ndim == 2 else mask[..., 0]) != 0
+    n = 5
+    clicks, ref = reference_trajectory(model, image, gt, n, {"skip_clicks": 0, "target_size": 400,
+                                                             "expansion_ratio": 1.4}, infer_size=384)
+    seg = segmenter.with_predictor(True, None, "tetris")   # isegm's hard disks, as the authors
+    assert seg.click_encoding == "hard"
+    x, transform = seg.preprocess(image)
+    features = seg.embed(params, x)
+    state = seg.interactive_state(size)
+    points = np.full((n, 2), -1.0, np.float32)
+    labels = np.full((n,), -1, np.int32)
+    for k, (r, c, positive) in enumerate(clicks):
+        points[k], labels[k] = (c, r), int(positive)
+        prob, state = seg.interactive_predict(params, features, transform, jnp.asarray(points), jnp.asarray(labels),
+                                              state, True, k + 1)
+        err, _ = max_err(prob, ref[k])
+        changed = int(np.sum((np.asarray(prob) > 0.49) != (ref[k] > 0.49)))
+        print(f"\nPARITY gpcis NoC trajectory click {k + 1}: max_abs_err={err:.3g} changed_pixels={changed}")
+        assert err <= LOGIT_RTOL and changed == 0

@@ -11,7 +11,7 @@ what differs is declared here:
   authors' GPCIS predictor has no flip averaging;
 * the authors' predictor (`gpcis_options`): isegm's zoom-in cropping at the
   image's resolution (``native_crop``; min crop 10, expansion 1.4, threshold
-  0.49) followed by ``ResizeTrans`` to a square network input (384, or 256 on
+  0.49, the ROI recomputed at every click) followed by ``ResizeTrans`` to a square network input (384, or 256 on
   SBD for RClicks), no flip, no cascade; the TETRIS authors skip the zoom while
   there is no previous prediction (``skip_clicks=0``), RClicks' scripts skip it
   at the first click (``skip_clicks=1``, ``-1`` on their TETRIS dataset);
@@ -39,6 +39,9 @@ from jaxseg_robust.models.gpcis.network import GpcisNet
 INFER_SIZE = 384
 INFER_SIZE_SBD = 256
 MIN_CROP_SIZE = 10  # GPCIS's ZoomIn default (RITM's is 200)
+# GPCIS's ZoomIn sets ``update_object_roi = True`` before and in every branch of its keep-or-recompute test, so
+# the ROI is the current prediction's box at every zoomed click: a box IoU below 1 (any other box) recomputes.
+ALWAYS_RECOMPUTE = 1.0
 
 
 def gpcis_options(protocol: str, dataset: str | None = None) -> IsegmOptions:
@@ -61,7 +64,7 @@ def gpcis_options(protocol: str, dataset: str | None = None) -> IsegmOptions:
         size = INFER_SIZE_SBD if name == "SBD" else INFER_SIZE
         skip = -1 if name == "TETRIS" else 1
     zoom = ZoomInConfig(target_hw=(size, size), skip_clicks=skip, min_crop_size=MIN_CROP_SIZE,
-                        prob_thresh=ISEGM_THRESHOLD, native_crop=True)
+                        recompute_thresh_iou=ALWAYS_RECOMPUTE, prob_thresh=ISEGM_THRESHOLD, native_crop=True)
     return IsegmOptions(zoom_in=zoom, with_flip=False)
 
 
