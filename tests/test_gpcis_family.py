@@ -84,3 +84,24 @@ def test_zoo_predictor_predicts_a_mask():
     predictor.set_image(image)
     masks, scores, low = predictor.predict(point_coords=np.array([[20.0, 15.0]]), point_labels=np.array([1]))
     assert masks.shape[-2:] == (30, 40) and masks.dtype == bool
+
+
+def test_runs_pick_the_options_of_the_runs_dataset():
+    """`runs.authors_predictor.with_authors_predictor` hands GPCIS the run's one dataset: RClicks on their
+    TETRIS set zooms from the first click (``skip_clicks=-1``), elsewhere from the second."""
+    import argparse  # noqa: PLC0415
+
+    from jaxseg_robust.runs.authors_predictor import with_authors_predictor  # noqa: PLC0415
+    from jaxseg_robust.runs.loading import LoadedModel  # noqa: PLC0415
+
+    model = LoadedModel("gpcis_tiny", GpcisSegmenter(TINY), None, "sha256:0", "random:0")
+
+    def skip_of(protocol, *datasets):
+        loaded, settings = with_authors_predictor(model, [argparse.Namespace(dataset=d) for d in datasets],
+                                                  "authors", protocol, protocol)
+        assert settings["family"] == "gpcis"
+        return loaded.segmenter.evaluation.zoom_in.skip_clicks
+
+    assert skip_of("rclicks", "tetris") == -1
+    assert skip_of("rclicks", "grabcut") == skip_of("rclicks", "tetris", "grabcut") == 1
+    assert skip_of("tetris", "tetris") == 0
