@@ -14,7 +14,7 @@ import importlib
 import sys
 
 FAMILY_MODULES = ("sam", "mobile_sam", "sam_hq", "robustsam", "sam2", "sam2_hq", "clickability", "dense", "semseg",
-                  "upernet", "ritm", "simpleclick", "transalnet", "gpcis")
+                  "upernet", "ritm", "simpleclick", "transalnet", "cdnet", "gpcis")
 EXIT_OK, EXIT_FAILURE = 0, 2
 
 

@@ -51,7 +51,7 @@ def randomise_(module, seed: int) -> None:
     rng = np.random.default_rng(seed)
     with torch.no_grad():
         for name, tensor in sorted(module.state_dict().items()):
-            if not tensor.is_floating_point():
+            if not tensor.is_floating_point() or name.endswith(".kernel"):  # PDM's constant shift kernels
                 continue
             shape = tuple(tensor.shape)
             leaf = name.rsplit(".", 1)[-1]
@@ -66,3 +66,48 @@ def randomise_(module, seed: int) -> None:
             else:
                 value = rng.standard_normal(shape)
             tensor.copy_(torch.from_numpy(np.asarray(value, np.float32)))
+
+
+def import_isegm():
+    """The checkout's ``isegm`` package on ``sys.path``, after tests/isegm_reference.py's stand-ins for
+    libraries it imports but CDNet does not use (``termcolor``, imported by FDM.py for a print helper,
+    gets one too, and ``skimage.measure``, imported by FocalClick's crop helpers). Returns (DeeplabModel, DiffisionPredictor, Click)."""
+    import sys  # noqa: PLC0415
+
+    path = repo_path()
+    if path is None:
+        raise RuntimeError(f"${REPO_ENV} does not name a ClickSEG checkout")
+    from isegm_reference import _datasets_stub, install_stubs  # noqa: PLC0415
+
+    install_stubs()
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+    try:
+        import termcolor  # noqa: F401, PLC0415
+    except ImportError:
+        sys.modules["termcolor"] = types.SimpleNamespace(cprint=print)
+    try:
+        import skimage.measure  # noqa: F401, PLC0415
+    except ImportError:  # FocalClick's crop helpers (imported by the predictors package) only
+        sys.modules["skimage"] = types.ModuleType("skimage")
+        sys.modules["skimage.measure"] = types.SimpleNamespace(label=None)
+    import isegm.data  # noqa: F401, PLC0415  (the real package, before its datasets stub)
+    _datasets_stub()
+    from isegm.inference.clicker import Click  # noqa: PLC0415
+    # predictors/cdnet.py on its own: the package's __init__ imports every other family's predictor.
+    DiffisionPredictor = load_source_module("isegm/inference/predictors/cdnet.py").DiffisionPredictor
+    from isegm.model.is_deeplab_model import DeeplabModel  # noqa: PLC0415
+
+    return DeeplabModel, DiffisionPredictor, Click
+
+
+def release_model(DeeplabModel, seed: int):
+    """ClickSEG's ``cdnet_res34_cclvs`` / ``_sbd`` network (their ``init_model``) with seeded random weights,
+    in eval mode."""
+    import torch.nn as nn  # noqa: PLC0415
+
+    model = DeeplabModel(backbone="resnet34", deeplab_ch=128, aspp_dropout=0.20, use_leaky_relu=True,
+                         use_rgb_conv=False, use_disks=True, norm_radius=5, with_prev_mask=False,
+                         norm_layer=nn.BatchNorm2d)
+    randomise_(model, seed)
+    return model.eval()

@@ -42,7 +42,8 @@ PACKAGE_WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent / "weights"
 BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry", "jaxseg_robust.models.sam2.registry",
                          "jaxseg_robust.models.clickability.registry", "jaxseg_robust.models.clickmap.registry",
                          "jaxseg_robust.models.dense.registry", "jaxseg_robust.models.saliency.registry",
-                         "jaxseg_robust.models.robustsam.registry", "jaxseg_robust.models.gpcis.registry")
+                         "jaxseg_robust.models.robustsam.registry", "jaxseg_robust.models.cdnet.registry",
+                         "jaxseg_robust.models.gpcis.registry")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,9 @@ runs them):
   (flip average of the logits, sigmoid, pasted back into the frame).
 * `PredictorView.to_image`: a crop-frame click clipped to the crop grid and
   mapped back to image pixels by the zoom-in's inverse.
+* CDNet (`IsegmOptions.resize_hw`, ``pixel_diffusion``): the "crop" is
+  the whole image resized (``ResizeTrans``), and the Dice term reads the
+  pixel-diffused flip average (the TETRIS authors' CDNet loop), not the halves.
 * `PredictorView.refine`: CFR-ICL's cascade after the accepted click (the
   remaining passes of `isegm.predict_click`, not optimised).
 """
@@ -32,7 +35,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jaxseg_robust.models.clickmap.isegm import IsegmOptions, IsegmState, cascade_refine
+from jaxseg_robust.models.clickmap.isegm import (IsegmOptions, IsegmState, cascade_refine, predictor_logits,
+                                                 whole_image_roi)
 from jaxseg_robust.models.clickmap.zoom_in import crop_clicks, crop_resize, paste_back, update_roi
 
 
@@ -79,8 +83,8 @@ class PredictorView:
 
     def grid_hw(self, frame_hw: tuple[int, int]) -> tuple[int, int]:
         """(h, w) of the grid the click lives on: the zoom target, or the frame without zoom-in."""
-        zoom = self.options.zoom_in
-        return tuple(frame_hw) if zoom is None else tuple(zoom.target_hw)
+        target = self.options.target_hw
+        return tuple(frame_hw) if target is None else target
 
     def crop(self, features, original_hw, points, labels, target, state: IsegmState) -> PredictorCrop:
         """The click's crop.
@@ -91,18 +95,21 @@ class PredictorView:
           points: f32[N, 2] (x, y) image pixels, the current click at its baseline position;
           labels: i32[N] (-1 unused); target: f32[Hf, Wf] G+ in {0, 1}; state: the predictor's state.
         """
-        zoom = self.options.zoom_in
+        zoom, size = self.options.zoom_in, self.options.target_hw
         image = features.image
-        if zoom is None:
+        if size is None:
             roi = jnp.stack([0, image.shape[0] - 1, 0, image.shape[1] - 1]).astype(jnp.int32)
             return PredictorCrop(roi=roi, image=image, prev=state.prev_prob, target=(target > 0.5).astype(jnp.float32),
                                  points=points, state=state)
-        zoom_state = update_roi(state.zoom, state.prev_prob, state.has_prev, points, labels, original_hw, zoom)
+        if zoom is None:  # CDNet's ResizeTrans: the whole image, resized
+            zoom_state = state.zoom.replace(roi=whole_image_roi(original_hw))
+        else:
+            zoom_state = update_roi(state.zoom, state.prev_prob, state.has_prev, points, labels, original_hw, zoom)
         stacked = jnp.concatenate([image, state.prev_prob[..., None], target[..., None]], axis=-1)
-        crop = crop_resize(stacked, zoom_state.roi, zoom.target_hw)
+        crop = crop_resize(stacked, zoom_state.roi, size)
         return PredictorCrop(roi=zoom_state.roi, image=crop[..., :3], prev=crop[..., 3],
                              target=(crop[..., 4] > 0.5).astype(jnp.float32),
-                             points=crop_clicks(points, zoom_state.roi, zoom.target_hw),
+                             points=crop_clicks(points, zoom_state.roi, size),
                              state=state.replace(zoom=zoom_state))
 
     def predict(self, params, crop: PredictorCrop, points, labels, original_hw, frame_hw):
@@ -114,15 +121,18 @@ class PredictorView:
           the logits, sigmoid, pasted back, zero outside the image; the `IsegmState` after it).
         """
         seg = self.segmenter
+        maps = seg.click_features(points, labels, crop.prev)
         if self.options.with_flip:
-            maps = seg.click_features(points, labels, crop.prev)
             logits = seg.network_logits(params, jnp.stack([crop.image, crop.image[:, ::-1]]),
                                         jnp.stack([maps, maps[:, ::-1]]))
             halves = jnp.stack([logits[0], logits[1][:, ::-1]])
         else:
             halves = seg.grid_logits(params, crop.image, points, labels, crop.prev)[None]
-        prob = jax.nn.sigmoid(jnp.mean(halves, axis=0))
-        if self.options.zoom_in is not None:
+        logits = predictor_logits(self.options, crop.image, jnp.mean(halves, axis=0), maps)
+        if self.options.pixel_diffusion:  # the Dice term reads the diffused prediction (adv-clicks' CDNet)
+            halves = logits[None]
+        prob = jax.nn.sigmoid(logits)
+        if self.options.target_hw is not None:
             prob = paste_back(prob, crop.roi, tuple(frame_hw))
         prob = jnp.where(_inside(original_hw, tuple(frame_hw)), prob, 0.0)
         state = crop.state.replace(prev_prob=prob, has_prev=jnp.asarray(True))
@@ -134,7 +144,7 @@ class PredictorView:
         h, w = crop.prev.shape
         col = jnp.clip(point[0], 0.0, w - 1.0)
         row = jnp.clip(point[1], 0.0, h - 1.0)
-        if self.options.zoom_in is None:
+        if self.options.target_hw is None:
             return jnp.stack([row, col])
         roi = crop.roi.astype(jnp.float32)
         return jnp.stack([row * (roi[1] - roi[0] + 1.0) / h + roi[0], col * (roi[3] - roi[2] + 1.0) / w + roi[2]])

@@ -10,7 +10,10 @@ does around the network for one click, as a jit/vmap-safe step:
    input and its mirror (clicks at ``w - x - 1``) and the two **logit** maps
    are averaged (``AddHorizontalFlip.inv_transform`` runs before the sigmoid);
 4. sigmoid, then the zoom-in's paste back into the frame;
-5. CFR-ICL's cascade-forward refinement (`CascadeConfig`): while the click
+5. CDNet instead resizes the whole image to a fixed size (``resize_hw``)
+   and runs its pixel diffusion on the flip-averaged logits before the
+   sigmoid (``pixel_diffusion``; docs/models/cdnet.md);
+6. CFR-ICL's cascade-forward refinement (`CascadeConfig`): while the click
    count is at most ``clicks`` (1), the step is repeated feeding its own
    prediction back, up to ``steps`` (5) times, stopping early (adaptive) once
    at most ``max_changed`` (20) pixels change at threshold 0.49.
@@ -75,12 +78,30 @@ class IsegmOptions:
       with_flip: horizontal-flip averaging of the logits.
       cascade: `CascadeConfig` (CFR-ICL), or None.
       threshold: the probability threshold of the predicted mask (0.49).
+      resize_hw: CDNet's ``ResizeTrans``: the whole image resized to this (h, w) (bilinear,
+        ``align_corners=True``; clicks scaled by ``h / H``, ``w / W``), the prediction resized
+        back: the zoom-in's machinery with the whole image as a fixed ROI. Not with ``zoom_in``.
+      pixel_diffusion: CDNet's PDM refines the flip-averaged logits before the sigmoid
+        (`jaxseg_robust.models.cdnet.pdm`; the click maps' channels 0-1 are its radius-5 disks).
     """
 
     zoom_in: ZoomInConfig | None = None
     with_flip: bool = False
     cascade: CascadeConfig | None = None
     threshold: float = ISEGM_THRESHOLD
+    resize_hw: tuple[int, int] | None = None
+    pixel_diffusion: bool = False
+
+    def __post_init__(self):
+        if self.zoom_in is not None and self.resize_hw is not None:
+            raise ValueError("IsegmOptions: zoom_in and resize_hw cannot both be set")
+
+    @property
+    def target_hw(self) -> tuple[int, int] | None:
+        """The (h, w) grid the network runs on: the zoom-in's crop or the resize, None for the frame."""
+        if self.zoom_in is not None:
+            return tuple(self.zoom_in.target_hw)
+        return None if self.resize_hw is None else tuple(self.resize_hw)
 
 
 def authors_options(family: str, dataset: str | None = None) -> IsegmOptions:
@@ -168,16 +189,28 @@ def _flip_x(points: jnp.ndarray, width) -> jnp.ndarray:
     return points.at[:, 0].set(width - points[:, 0] - 1)
 
 
-def _network_prob(segmenter, params, image, prev, points, labels, with_flip: bool):
+def predictor_logits(options: IsegmOptions, image: jnp.ndarray, logits: jnp.ndarray, maps: jnp.ndarray) -> jnp.ndarray:
+    """The logits the predictor's sigmoid reads: the (flip-averaged) network logits f32[h, w], through
+    CDNet's pixel diffusion with ``options.pixel_diffusion`` (image f32[h, w, 3] the grid's image, maps
+    f32[h, w, C] the unflipped click maps, channels 0-1 the radius-5 [pos, neg] disks)."""
+    if not options.pixel_diffusion:
+        return logits
+    from jaxseg_robust.models.cdnet.pdm import pixel_diffusion  # noqa: PLC0415
+
+    return pixel_diffusion(image, logits, maps[..., :2])
+
+
+def _network_prob(segmenter, params, image, prev, points, labels, options: IsegmOptions):
     """sigmoid of the (flip-averaged) network logits on one grid: f32[h, w]."""
-    if not with_flip:
-        return jax.nn.sigmoid(segmenter.grid_logits(params, image, points, labels, prev))
-    w = image.shape[1]
-    maps = jnp.stack([segmenter.click_features(points, labels, prev),
-                      segmenter.click_features(_flip_x(points, w), labels, prev[:, ::-1])])
-    images = jnp.stack([image, image[:, ::-1]])
-    logits = segmenter.network_logits(params, images, maps)
-    return jax.nn.sigmoid(0.5 * (logits[0] + logits[1][:, ::-1]))
+    maps = segmenter.click_features(points, labels, prev)
+    if not options.with_flip:
+        logits = segmenter.grid_logits(params, image, points, labels, prev)
+    else:
+        w = image.shape[1]
+        both = jnp.stack([maps, segmenter.click_features(_flip_x(points, w), labels, prev[:, ::-1])])
+        pair = segmenter.network_logits(params, jnp.stack([image, image[:, ::-1]]), both)
+        logits = 0.5 * (pair[0] + pair[1][:, ::-1])
+    return jax.nn.sigmoid(predictor_logits(options, image, logits, maps))
 
 
 def _crop_points_flipped(points, roi, target_hw):
@@ -203,22 +236,28 @@ def zoomed_probability(segmenter, params, image, prev, points, labels, roi,
       points: f32[N, 2] (x, y) original pixels; labels: i32[N];
       roi: i32[4] (rmin, rmax, cmin, cmax); options: with ``zoom_in`` set.
     """
-    target = options.zoom_in.target_hw
+    target = options.target_hw
     stacked = jnp.concatenate([image, prev[..., None]], axis=-1)
     crop = crop_resize(stacked, roi, target)
     crop_image, crop_prev = crop[..., :3], crop[..., 3]
     crop_pts = crop_clicks(points, roi, target)
+    maps = segmenter.click_features(crop_pts, labels, crop_prev)
     if not options.with_flip:
-        prob = jax.nn.sigmoid(segmenter.grid_logits(params, crop_image, crop_pts, labels,
-                                                    crop_prev))
+        logits = segmenter.grid_logits(params, crop_image, crop_pts, labels, crop_prev)
     else:
         flip_pts = _crop_points_flipped(points, roi, target)
-        maps = jnp.stack([segmenter.click_features(crop_pts, labels, crop_prev),
-                          segmenter.click_features(flip_pts, labels, crop_prev[:, ::-1])])
+        both = jnp.stack([maps, segmenter.click_features(flip_pts, labels, crop_prev[:, ::-1])])
         images = jnp.stack([crop_image, crop_image[:, ::-1]])
-        logits = segmenter.network_logits(params, images, maps)
-        prob = jax.nn.sigmoid(0.5 * (logits[0] + logits[1][:, ::-1]))
+        pair = segmenter.network_logits(params, images, both)
+        logits = 0.5 * (pair[0] + pair[1][:, ::-1])
+    prob = jax.nn.sigmoid(predictor_logits(options, crop_image, logits, maps))
     return paste_back(prob, roi, image.shape[:2])
+
+
+def whole_image_roi(original_hw: jnp.ndarray) -> jnp.ndarray:
+    """i32[4] (0, H - 1, 0, W - 1): the ROI of CDNet's ``ResizeTrans`` (the whole image)."""
+    h, w = original_hw[0], original_hw[1]
+    return jnp.stack([0, h - 1, 0, w - 1]).astype(jnp.int32)
 
 
 def predict_step(segmenter, params, image: jnp.ndarray, original_hw: jnp.ndarray,
@@ -241,9 +280,12 @@ def predict_step(segmenter, params, image: jnp.ndarray, original_hw: jnp.ndarray
     frame = image.shape[:2]
     inside = (jnp.arange(frame[0])[:, None] < original_hw[0]) & \
         (jnp.arange(frame[1])[None, :] < original_hw[1])
-    if options.zoom_in is None:
-        prob = _network_prob(segmenter, params, image, state.prev_prob, points, labels,
-                             options.with_flip)
+    if options.resize_hw is not None:
+        zoom = state.zoom
+        prob = zoomed_probability(segmenter, params, image, state.prev_prob, points, labels,
+                                  whole_image_roi(original_hw), options)
+    elif options.zoom_in is None:
+        prob = _network_prob(segmenter, params, image, state.prev_prob, points, labels, options)
         zoom = state.zoom
     else:
         zoom = update_roi(state.zoom, state.prev_prob, state.has_prev, points, labels,

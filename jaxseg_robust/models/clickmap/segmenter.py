@@ -143,9 +143,9 @@ class ClickMapSegmenter(SegmenterBase):
         """The family's rules (docs/protocols/tetris.md, "Families"): isegm feeds the previous prediction
         at every click, clicks only, the TETRIS step of the network input (the zoom-in's crop with
         ``evaluation``'s zoom-in), soft disks for gradients, and the exact frame unless zooming in."""
-        zoom = None if self.evaluation is None else self.evaluation.zoom_in
+        zoom = None if self.evaluation is None else self.evaluation.target_hw
         return FamilyRules(family=self.predictor_family, click_step=CLICK_STEP_RESIZED,
-                           click_step_hw=None if zoom is None else tuple(zoom.target_hw),
+                           click_step_hw=zoom,
                            resets_feedback_on_two_slots=False, accepts_boxes=False, authors_predictor=True,
                            differentiable_clicks=self.click_encoding == "soft",
                            frame_policy=FRAME_POLICY_EXACT if zoom is None else FRAME_POLICY_ANY)

@@ -1,0 +1,88 @@
+"""`CdnetSegmenter`: CDNet behind the Segmenter seam, a click-map model (docs/models/cdnet.md).
+
+CDNet is a click-map model like RITM (`ClickMapSegmenter`: ``embed`` keeps
+the image, ``decode`` runs the network on the frame with the clicks rendered
+as maps); what differs is declared here:
+
+* its click maps: [pos, neg] disks of radius 5 (the network input and the
+  pixel diffusion) and of radius 24 (the FDM), four channels, no previous
+  mask (`click_features`);
+* its network (`network.CdnetNet`);
+* its authors' predictor (ClickSEG's ``DiffisionPredictor``, the same for
+  TETRIS and RClicks): the whole image resized to ``infer_size`` squared,
+  horizontal-flip averaging of the logits, the pixel diffusion (`pdm`) and a
+  sigmoid, resized back, binarised at 0.5 (`cdnet_options`;
+  ``probability_threshold`` 0.5);
+* its rules: family "cdnet"; the TETRIS step of the 384 x 384 network input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxseg_robust.models.cdnet.config import CdnetConfig
+from jaxseg_robust.models.cdnet.network import CdnetNet
+from jaxseg_robust.models.clickmap.encoding import click_maps
+from jaxseg_robust.models.clickmap.isegm import IsegmOptions
+from jaxseg_robust.models.clickmap.segmenter import ClickMapSegmenter
+
+CDNET_THRESHOLD = 0.5  # DiffisionPredictor.get_prediction: prediction > 0.5
+
+
+def cdnet_options(infer_size: int) -> IsegmOptions:
+    """ClickSEG's ``DiffisionPredictor``: ``ResizeTrans(infer_size)``, flip (always on), PDM, threshold 0.5."""
+    return IsegmOptions(resize_hw=(infer_size, infer_size), with_flip=True, pixel_diffusion=True,
+                        threshold=CDNET_THRESHOLD)
+
+
+@dataclasses.dataclass(frozen=True)
+class CdnetSegmenter(ClickMapSegmenter):
+    """CDNet (``config`` a `CdnetConfig`); the other fields as `ClickMapSegmenter`'s."""
+
+    probability_threshold = CDNET_THRESHOLD
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.config, CdnetConfig):
+            raise ValueError(f"CdnetSegmenter needs a CdnetConfig; got {type(self.config).__name__}")
+
+    @property
+    def network(self):
+        """The linen network (image, four click maps) -> logits before the pixel diffusion."""
+        return CdnetNet(self.config)
+
+    def param_shapes(self) -> dict:
+        """The parameter tree as ShapeDtypeStructs (cached per config)."""
+        return _param_shapes(self.config)
+
+    def click_features(self, points: jnp.ndarray, labels: jnp.ndarray, prev_prob: jnp.ndarray) -> jnp.ndarray:
+        """f32[h, w, 4]: [pos, neg] disks of ``norm_radius``, then of ``fdm_radius``, of clicks (x, y) on the
+        grid of ``prev_prob`` f32[h, w] (whose values CDNet does not read)."""
+        shape = prev_prob.shape
+        cfg = self.config
+        near = click_maps(points, labels, shape, cfg.norm_radius, encoding=self.click_encoding,
+                          coverage=self.coverage)
+        wide = click_maps(points, labels, shape, cfg.fdm_radius, encoding=self.click_encoding,
+                          coverage=self.coverage)
+        return jnp.concatenate([near, wide], axis=-1)
+
+    def with_predictor(self, use: bool, dataset: str | None = None, protocol: str = "tetris") -> CdnetSegmenter:
+        """With the authors' predictor (``use``): `cdnet_options` of ``config.infer_size`` for every
+        protocol and dataset (see docs/models/cdnet.md for the zoom-in the papers' scripts add)."""
+        if not use:
+            return dataclasses.replace(self, evaluation=None)
+        if self.evaluation is not None:
+            return self
+        return dataclasses.replace(self, evaluation=cdnet_options(self.config.infer_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _param_shapes(config: CdnetConfig) -> dict:
+    """`CdnetSegmenter.param_shapes` of a config."""
+    image = jax.ShapeDtypeStruct((1, 64, 64, 3), jnp.float32)
+    maps = jax.ShapeDtypeStruct((1, 64, 64, config.coord_channels), jnp.float32)
+    return jax.eval_shape(CdnetNet(config).init, jax.random.key(0), image, maps)["params"]
