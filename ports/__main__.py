@@ -15,7 +15,7 @@ import sys
 
 FAMILY_MODULES = ("sam", "mobile_sam", "sam_hq", "robustsam", "sam2", "sam2_hq", "clickability", "dense", "semseg",
                   "upernet", "ritm", "simpleclick", "transalnet", "sam3", "adaptiveclick",
-                  "cdnet")
+                  "cdnet", "gpcis")
 EXIT_OK, EXIT_FAILURE = 0, 2
 
 

@@ -43,7 +43,8 @@ BUILTIN_REGISTRATIONS = ("jaxseg_robust.models.sam.registry", "jaxseg_robust.mod
                          "jaxseg_robust.models.clickability.registry", "jaxseg_robust.models.clickmap.registry",
                          "jaxseg_robust.models.dense.registry", "jaxseg_robust.models.saliency.registry",
                          "jaxseg_robust.models.robustsam.registry", "jaxseg_robust.models.sam3.registry",
-                         "jaxseg_robust.models.adaptiveclick.registry", "jaxseg_robust.models.cdnet.registry")
+                         "jaxseg_robust.models.adaptiveclick.registry", "jaxseg_robust.models.cdnet.registry",
+                         "jaxseg_robust.models.gpcis.registry")
 
 
 @dataclasses.dataclass(frozen=True)

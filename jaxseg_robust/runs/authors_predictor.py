@@ -51,7 +51,9 @@ def with_authors_predictor(model: LoadedModel, instances: Sequence, isegm: str, 
         raise RunError(f"the {protocol} authors zoom DAVIS to a larger size than the other datasets (RITM 600 "
                        "vs 400, SimpleClick / CFR-ICL 672 vs 448) and one run has one size: evaluate DAVIS "
                        "in its own run directory (or set {isegm} off)")
-    dataset = "DAVIS" if True in davis else None
+    names = {instance.dataset.upper() for instance in instances}
+    # the run's one dataset (GPCIS's RClicks options also read SBD and TETRIS), else DAVIS or none
+    dataset = next(iter(names)) if len(names) == 1 else ("DAVIS" if True in davis else None)
     family = family_rules(model.segmenter).family
     segmenter = with_predictor(without, True, dataset, options_of)
     options = predictor_view(segmenter).options

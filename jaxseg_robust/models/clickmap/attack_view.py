@@ -127,7 +127,7 @@ class PredictorView:
                                         jnp.stack([maps, maps[:, ::-1]]))
             halves = jnp.stack([logits[0], logits[1][:, ::-1]])
         else:
-            halves = seg.network_logits(params, crop.image, maps)[None]
+            halves = seg.grid_logits(params, crop.image, points, labels, crop.prev)[None]
         logits = predictor_logits(self.options, crop.image, jnp.mean(halves, axis=0), maps)
         if self.options.pixel_diffusion:  # the Dice term reads the diffused prediction (adv-clicks' CDNet)
             halves = logits[None]

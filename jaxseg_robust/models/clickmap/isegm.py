@@ -205,7 +205,7 @@ def _network_prob(segmenter, params, image, prev, points, labels, options: Isegm
     """sigmoid of the (flip-averaged) network logits on one grid: f32[h, w]."""
     maps = segmenter.click_features(points, labels, prev)
     if not options.with_flip:
-        logits = segmenter.network_logits(params, image, maps)
+        logits = segmenter.grid_logits(params, image, points, labels, prev)
     else:
         w = image.shape[1]
         both = jnp.stack([maps, segmenter.click_features(_flip_x(points, w), labels, prev[:, ::-1])])
@@ -244,7 +244,7 @@ def zoomed_probability(segmenter, params, image, prev, points, labels, roi,
     crop_pts = crop_clicks(points, roi, target)
     maps = segmenter.click_features(crop_pts, labels, crop_prev)
     if not options.with_flip:
-        logits = segmenter.network_logits(params, crop_image, maps)
+        logits = segmenter.grid_logits(params, crop_image, crop_pts, labels, crop_prev)
     else:
         flip_pts = _crop_points_flipped(points, roi, target)
         both = jnp.stack([maps, segmenter.click_features(flip_pts, labels, crop_prev[:, ::-1])])

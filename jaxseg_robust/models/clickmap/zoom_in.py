@@ -57,8 +57,15 @@ class ZoomInConfig:
 
     Attributes:
       target_hw: (h, w) the crop is resized to (static).
-      skip_clicks: only -1 is supported here (zoom from the first click; the
-        authors' SimpleClick/CFR-ICL default and RITM's ``fixed<N>`` mode).
+      skip_clicks: -1 (zoom from the first click; the authors' SimpleClick/CFR-ICL
+        default and RITM's ``fixed<N>`` mode), or with ``native_crop`` a count
+        ``n >= 0``: while at most ``n`` clicks are given, or no previous
+        prediction exceeds ``prob_thresh``, the zoom is skipped (the whole
+        image) and its ROI forgotten (GPCIS's ``ZoomIn``).
+      native_crop: GPCIS's ``ZoomIn``, which crops at the image's resolution
+        and leaves the resize to ``target_hw`` to the ``ResizeTrans`` after it
+        (every input, the skipped zoom's whole image included); the composition
+        is the same crop-and-resize to ``target_hw``.
       expansion_ratio: box expansion around the prediction.
       min_crop_size: minimal crop side before clamping.
       recompute_thresh_iou: keep the previous ROI while its box IoU with the
@@ -72,10 +79,13 @@ class ZoomInConfig:
     min_crop_size: int = 200
     recompute_thresh_iou: float = 0.5
     prob_thresh: float = 0.5
+    native_crop: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "target_hw", (int(self.target_hw[0]), int(self.target_hw[1])))
-        if self.skip_clicks != -1:
+        if self.native_crop and self.skip_clicks < -1:
+            raise ValueError(f"ZoomInConfig.skip_clicks must be -1 or a click count >= 0; got {self.skip_clicks}")
+        if self.skip_clicks != -1 and not self.native_crop:
             raise ValueError(
                 f"ZoomInConfig.skip_clicks={self.skip_clicks} is not supported: the jittable "
                 f"zoom-in runs every click on the fixed target size (skip_clicks=-1, the "
@@ -257,13 +267,23 @@ def clicks_inside(roi: jnp.ndarray, points: jnp.ndarray, labels: jnp.ndarray) ->
 def update_roi(state: ZoomState, prev_prob: jnp.ndarray, has_prev: jnp.ndarray,
                points: jnp.ndarray, labels: jnp.ndarray, original_hw: jnp.ndarray,
                config: ZoomInConfig) -> ZoomState:
-    """Steps 1-2 of the module docstring: the ROI used for this click."""
+    """Steps 1-2 of the module docstring: the ROI used for this click.
+
+    With ``skip_clicks >= 0`` (``native_crop``) a skipped zoom (at most that
+    many clicks, or no previous prediction above the threshold) uses the
+    whole image and leaves no ROI (``has_roi`` false), so the next zoom takes
+    its ``current`` box; the authors' ``ZoomIn`` returns before touching its
+    ROI there (docs/models/gpcis.md)."""
     roi, found = object_roi(prev_prob, points, labels, original_hw, config)
     whole = jnp.stack([0, original_hw[0] - 1, 0, original_hw[1] - 1]).astype(jnp.int32)
     current = jnp.where(has_prev & found, roi, whole)
     update = (~state.has_roi) | (~clicks_inside(state.roi, points, labels)) | \
         box_iou_below(current, state.roi, config.recompute_thresh_iou)
-    return ZoomState(roi=jnp.where(update, current, state.roi), has_roi=jnp.asarray(True))
+    kept = ZoomState(roi=jnp.where(update, current, state.roi), has_roi=jnp.asarray(True))
+    if config.skip_clicks < 0:
+        return kept
+    skipped = (jnp.sum(labels >= 0) <= config.skip_clicks) | ~(has_prev & found)
+    return ZoomState(roi=jnp.where(skipped, whole, kept.roi), has_roi=~skipped)
 
 
 # ---- crop, clicks, paste -------------------------------------------------------------------
