@@ -3,9 +3,9 @@
 The papers' rows are written out below as data (paper, row label as printed,
 zoo name, zoo family, official checkpoint file):
 
-* TETRIS (AAAI'25) Table 1: 23 checkpoints, in the table's order; the file
+* TETRIS Table 1: 23 checkpoints, in the table's order; the file
   names are those of the authors' run.sh (repo image-seg/adv-clicks).
-* RClicks (NeurIPS'24): 33 checkpoints, in the row order of every benchmark
+* RClicks: 33 checkpoints, in the row order of every benchmark
   table (the authors' notebook ``map_names_to_print``).
 * BREPS: 15 checkpoints of Tables 1-3, in the tables' order; the file names
   are those of the authors' run_models.sh / runbboxparallel.sh (repo emb-ai/BREPS).
