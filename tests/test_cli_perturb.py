@@ -272,3 +272,16 @@ def test_sam_family_model_with_box_prompts(tmp_path, first_run):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["kind"] == "prompted" and manifest["config"]["prompt"] == "tight GT box"
     assert len(read_run_records(out)) == 1
+
+
+@pytest.mark.parametrize("name, reason", [("ritm_tiny", "takes clicks only"),
+                                          ("sam2_test", "SAM's image frame")])
+def test_families_without_boxes_in_sams_frame_are_refused_before_running(tmp_path, capsys, first_run, name,
+                                                                         reason):
+    _, _, data, _ = first_run
+    out = tmp_path / name
+    assert main(["perturb", "--model", name, "--random-init", "--datasets", str(data), "--out", str(out),
+                 "--progress", "none", "--limit", "1"]) == EXIT_FAILURE
+    err = capsys.readouterr().err
+    assert reason in err and name in err
+    assert not (out / "records.jsonl").exists()

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxseg_robust.models import zoo
+from jaxseg_robust.models.base import family_rules
 from jaxseg_robust.models.dense.prompted import PromptedSegmenter
 from jaxseg_robust.runner.fingerprints import fingerprint_params
 
@@ -75,6 +76,26 @@ def load_target(name_or_dir: str, *, random_seed: int | None = None, multimask_o
     else:
         segmenter, params, meta = zoo.load_params(name_or_dir, compute_dtype=compute_dtype)
         description = {"model": name_or_dir, "kind": "prompted", "family": meta["family"]}
+    refuse_other_frames(segmenter, name_or_dir)
     model = PromptedSegmenter(segmenter, multimask_output=multimask_output)
     description.update(prompt="tight GT box", multimask_output=multimask_output)
     return Target(description, model, params, True, fingerprint_params(params))
+
+
+def refuse_other_frames(segmenter, name: str) -> None:
+    """Raises ValueError unless ``segmenter``'s family takes boxes in SAM's image frame.
+
+    `PromptedSegmenter` prompts with the tight GT box and runs SAM's image path
+    (longest side resized, padded to a square): the families whose rules declare
+    ``accepts_boxes`` and ``resized_frame`` (`jaxseg_robust.models.base.FamilyRules`:
+    SAM, MobileSAM, SAM-HQ, RobustSAM). Click-map models have no box input; SAM 2
+    / HQ-SAM 2 / SAM 3 resize to their square without keeping the aspect ratio.
+    """
+    rules = family_rules(segmenter)
+    if not rules.accepts_boxes:
+        raise ValueError(f"{name}: the perturbation battery prompts with the tight ground-truth box and the "
+                         f"{rules.family} family takes clicks only")
+    if not rules.resized_frame:
+        raise ValueError(f"{name}: the perturbation battery's tight-box target runs SAM's image frame "
+                         f"(longest side resized, padded to a square), which the {rules.family} family does "
+                         "not use; use SAM, MobileSAM, SAM-HQ or RobustSAM")
