@@ -126,3 +126,17 @@ def test_crop_classes_merge_only_when_a_program_costs_more(monkeypatch):
     np.testing.assert_array_equal(crop_counts.merged_classes(few_small, compiled), few_small)
     no_holder = np.array([[2, 512]] * 3 + [[4, 128]] * 50)  # neither holds the other
     np.testing.assert_array_equal(crop_counts.merged_classes(no_holder), no_holder)
+
+
+def test_crop_groups_hold_each_key_once_in_order_with_masks_in_their_order():
+    rng = np.random.default_rng(3)
+    masks = np.sort(rng.choice(10_000, 600, replace=False)).astype(np.int64)
+    classes = np.stack([rng.choice([2, 4, 8], masks.size), rng.choice([64, 128], masks.size)], axis=1)
+    radius = rng.choice([-1, 3, 5], masks.size)
+    expected = {}
+    for mask, (words, columns), width in zip(masks.tolist(), classes.tolist(), radius.tolist()):
+        expected.setdefault((words, columns, width), []).append(mask)
+    groups = crop_counts._crop_groups(masks, classes, radius)
+    assert [key for key, _ in groups] == sorted(expected)
+    assert all(members.tolist() == expected[key] for key, members in groups)
+    assert crop_counts._crop_groups(masks[:0], classes[:0], radius[:0]) == []

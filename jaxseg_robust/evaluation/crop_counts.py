@@ -236,6 +236,23 @@ def _batches(works: list, radii: list) -> list[list[int]]:
     return batches + [current] if current else batches
 
 
+def _crop_groups(masks: np.ndarray, classes: np.ndarray, radius: np.ndarray) -> list:
+    """[((word rows, columns, radius), int64 masks)]: the masks grouped by class and radius (-1: decoded on
+    the host), groups in ascending order of their key, masks in their given order within a group.
+
+    Args:
+      masks: int64 [M]; classes: int64 [M, 2] (word rows, columns); radius: int64 [M].
+    """
+    if not masks.size:
+        return []
+    keys = np.stack([classes[:, 0], classes[:, 1], radius], axis=1).astype(np.int64)
+    order = np.lexsort(keys.T[::-1])  # stable: masks keep their order within a key
+    keys, masks = keys[order], masks[order]
+    first = np.flatnonzero(np.concatenate([[True], (keys[1:] != keys[:-1]).any(axis=1)]))
+    ends = np.append(first[1:], masks.size)
+    return [(tuple(int(value) for value in keys[start]), masks[start:end]) for start, end in zip(first, ends)]
+
+
 class _BandJob(NamedTuple):
     masks: np.ndarray  # batch mask indices in the chunk's slots
     result: tuple  # device arrays (bands, band areas)
@@ -251,11 +268,7 @@ def _band_jobs(table: RunTable, heights, crops: Crops, radius_of: np.ndarray, ma
     present = np.flatnonzero(crops.words > 0)
     classes = merged_classes(crop_classes(crops.words[present], crops.columns[present]), frozenset(compiled))
     whole = np.minimum(crops.rows, crops.columns)[present] < 2 * radius_of[present] + 1
-    groups = {}
-    for mask, (words, columns), radius, is_whole in zip(present.tolist(), classes.tolist(),
-                                                         radius_of[present].tolist(), whole.tolist()):
-        groups.setdefault((words, columns, -1 if is_whole else radius), []).append(mask)
-    for (words, columns, radius), members in sorted(groups.items()):
+    for (words, columns, radius), members in _crop_groups(present, classes, np.where(whole, -1, radius_of[present])):
         slots = max(1, chunk_words // (words * columns))
         if radius >= 0:
             compiled.add((words, columns))
