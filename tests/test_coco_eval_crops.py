@@ -140,3 +140,23 @@ def test_crop_groups_hold_each_key_once_in_order_with_masks_in_their_order():
     assert [key for key, _ in groups] == sorted(expected)
     assert all(members.tolist() == expected[key] for key, members in groups)
     assert crop_counts._crop_groups(masks[:0], classes[:0], radius[:0]) == []
+
+
+def test_crop_classes_are_merged_over_all_batches_at_once(monkeypatch):
+    monkeypatch.setattr(crop_counts, "COMPILE_SECONDS", 1.0)
+    monkeypatch.setattr(crop_counts, "WORD_SECONDS", 5e-4)  # a program costs as much as 2,000 words
+
+    def crops(words, columns):
+        sizes = np.asarray(words, np.int64)
+        return crop_counts.Crops(np.zeros_like(sizes), np.zeros_like(sizes), sizes, np.asarray(columns, np.int64),
+                                 32 * sizes)
+
+    # 3 small crops per batch: 3 * 384 words < 2,000 would join the large class in the first batch alone,
+    # but the 6 of both batches (and the empty mask) keep a program of their own.
+    first = crops([2] * 3 + [4] * 50 + [0], [64] * 3 + [128] * 50 + [0])
+    second = crops([2] * 3, [64] * 3)
+    one, two = crop_counts._global_classes([first, second])
+    np.testing.assert_array_equal(one, [[2, 64]] * 3 + [[4, 128]] * 50 + [[0, 0]])
+    np.testing.assert_array_equal(two, [[2, 64]] * 3)
+    np.testing.assert_array_equal(crop_counts.merged_classes(one[:53]), [[4, 128]] * 53)  # the first batch alone
+    assert crop_counts._global_classes([]) == []
