@@ -3,8 +3,9 @@
 Follows docs/protocols/boundary_ap_pq.md ("How it runs", "Crops"). A mask's
 boundary band lies inside the mask, so it only needs the mask's bounding box:
 each mask is cut to the crop of its box (whole 32-row words by whole columns),
-crops are grouped by size class (a ladder for each side) and boundary width,
-and the device erodes chunks of crops of many images at once
+crops are grouped by size class (a ladder for each side; which classes merge
+into larger ones is decided once over the crops of every batch, a first pass
+over the batches reading only the crops) and boundary width, and the device erodes chunks of crops of many images at once
 (`jaxseg_robust.metrics.mask_pairs.crop_bands`). Outside the crop every pixel is
 background, as is the outside of the image, so every band equals the band of
 the whole mask. The host then reads, per (detection, ground truth) pair, the
