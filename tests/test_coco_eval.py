@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import io
 import json
 import math
@@ -248,6 +249,20 @@ def test_boundary_ap_equals_the_official_rule_on_pycocotools(toy):
     np.testing.assert_array_equal(ours.accumulated.precision, reference.eval["precision"])
     plain = evaluate_instances(gt, results, InstanceEvalConfig(iou_type="segm", progress="none"))
     assert ours.summary["AP"] < plain.summary["AP"]
+
+
+def test_the_garbage_collector_is_paused_while_counting_and_restored(toy, monkeypatch):
+    seen = []
+
+    def counting(works, settings):
+        seen.append(gc.isenabled())
+        return count_pairs(works, settings)
+
+    monkeypatch.setattr(instance_eval, "count_pairs", counting)
+    gt, results = toy
+    assert gc.isenabled()
+    evaluate_instances(gt, results, InstanceEvalConfig(progress="none"))
+    assert seen == [False] and gc.isenabled()
 
 
 def test_results_with_boxes_use_box_areas_like_the_official_loader(toy):

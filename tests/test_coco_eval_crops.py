@@ -126,3 +126,37 @@ def test_crop_classes_merge_only_when_a_program_costs_more(monkeypatch):
     np.testing.assert_array_equal(crop_counts.merged_classes(few_small, compiled), few_small)
     no_holder = np.array([[2, 512]] * 3 + [[4, 128]] * 50)  # neither holds the other
     np.testing.assert_array_equal(crop_counts.merged_classes(no_holder), no_holder)
+
+
+def test_crop_groups_hold_each_key_once_in_order_with_masks_in_their_order():
+    rng = np.random.default_rng(3)
+    masks = np.sort(rng.choice(10_000, 600, replace=False)).astype(np.int64)
+    classes = np.stack([rng.choice([2, 4, 8], masks.size), rng.choice([64, 128], masks.size)], axis=1)
+    radius = rng.choice([-1, 3, 5], masks.size)
+    expected = {}
+    for mask, (words, columns), width in zip(masks.tolist(), classes.tolist(), radius.tolist()):
+        expected.setdefault((words, columns, width), []).append(mask)
+    groups = crop_counts._crop_groups(masks, classes, radius)
+    assert [key for key, _ in groups] == sorted(expected)
+    assert all(members.tolist() == expected[key] for key, members in groups)
+    assert crop_counts._crop_groups(masks[:0], classes[:0], radius[:0]) == []
+
+
+def test_crop_classes_are_merged_over_all_batches_at_once(monkeypatch):
+    monkeypatch.setattr(crop_counts, "COMPILE_SECONDS", 1.0)
+    monkeypatch.setattr(crop_counts, "WORD_SECONDS", 5e-4)  # a program costs as much as 2,000 words
+
+    def crops(words, columns):
+        sizes = np.asarray(words, np.int64)
+        return crop_counts.Crops(np.zeros_like(sizes), np.zeros_like(sizes), sizes, np.asarray(columns, np.int64),
+                                 32 * sizes)
+
+    # 3 small crops per batch: 3 * 384 words < 2,000 would join the large class in the first batch alone,
+    # but the 6 of both batches (and the empty mask) keep a program of their own.
+    first = crops([2] * 3 + [4] * 50 + [0], [64] * 3 + [128] * 50 + [0])
+    second = crops([2] * 3, [64] * 3)
+    one, two = crop_counts._global_classes([first, second])
+    np.testing.assert_array_equal(one, [[2, 64]] * 3 + [[4, 128]] * 50 + [[0, 0]])
+    np.testing.assert_array_equal(two, [[2, 64]] * 3)
+    np.testing.assert_array_equal(crop_counts.merged_classes(one[:53]), [[4, 128]] * 53)  # the first batch alone
+    assert crop_counts._global_classes([]) == []

@@ -46,15 +46,18 @@ scores):
   ``COCOeval.evaluate`` and ``accumulate``;
 * ours (`jaxseg_robust.evaluation.instances`): reading and checking the files
   (``prepare_instances``), the pixel counts (``count_pairs``: for Boundary AP
-  RLE decode into packed bits, bands and pair counts on the device, the first
-  run including XLA compilation; for mask AP on a CPU the intersections of the
-  run lengths on the host), then similarities, matching and accumulation
-  (``finish_instances``).
+  each mask decoded from its runs into packed bits on the tight crop of its
+  box, the bands eroded on the device in chunks of crops of many images (the
+  first run including XLA compilation), the band intersections of the pairs
+  read on the host where their crops overlap and the mask intersections from
+  the run lengths (evaluation/crop_counts.py); for mask AP on a CPU the
+  intersections of the run lengths on the host), then similarities, matching
+  and accumulation (``finish_instances``).
 
 Both stages and the ratios ``official / ours`` are printed for a cold run
 (compilation included) and a warm one; the 12 numbers of both are checked to
 agree within 1e-6 first. Respects ``JAX_PLATFORMS``; ``--batch-size`` = masks
-per device call. For fair CPU timings set the allocator as in
+per device call (Boundary AP: chunks of ``--batch-size`` x 4,096 crop words). For fair CPU timings set the allocator as in
 docs/benchmarking.md; the script prints the ``MALLOC_*`` settings it ran with.
 
 Run: ``python experiments/benchmarks/bench_coco_eval.py [--scale 0.1] [--tasks segm boundary pq boundary-pq]

@@ -31,7 +31,7 @@ from jaxseg_robust.evaluation.instances import (
     prepare_instances,
     score_blocks,
 )
-from jaxseg_robust.data.coco_instances import load_ground_truth
+from jaxseg_robust.data.coco_instances import collection_paused, load_ground_truth
 from jaxseg_robust.evaluation.mask_counts import count_pairs
 from jaxseg_robust.evaluation.partials import merge_partials, save_partial
 from jaxseg_robust.metrics import coco_ap
@@ -247,8 +247,9 @@ class COCOeval:
             raise ValueError("COCOeval needs cocoGt and cocoDt to evaluate")
         from_coco = _is_coco(self.cocoDt)
         results = self.cocoDt.dataset["annotations"] if from_coco else self.cocoDt
-        prepared = prepare_instances(self._gt, results, config, area_field=from_coco)
-        return score_blocks(prepared, count_pairs(prepared.works, config.count_settings), config)
+        with collection_paused():  # as evaluate_instances
+            prepared = prepare_instances(self._gt, results, config, area_field=from_coco)
+            return score_blocks(prepared, count_pairs(prepared.works, config.count_settings), config)
 
     def evaluate(self) -> None:
         """Per-image evaluation of ``params``' images and categories: fills ``evalImgs`` and ``ious``.

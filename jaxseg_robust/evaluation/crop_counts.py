@@ -3,8 +3,9 @@
 Follows docs/protocols/boundary_ap_pq.md ("How it runs", "Crops"). A mask's
 boundary band lies inside the mask, so it only needs the mask's bounding box:
 each mask is cut to the crop of its box (whole 32-row words by whole columns),
-crops are grouped by size class (a ladder for each side) and boundary width,
-and the device erodes chunks of crops of many images at once
+crops are grouped by size class (a ladder for each side; which classes merge
+into larger ones is decided once over the crops of every batch, a first pass
+over the batches reading only the crops) and boundary width, and the device erodes chunks of crops of many images at once
 (`jaxseg_robust.metrics.mask_pairs.crop_bands`). Outside the crop every pixel is
 background, as is the outside of the image, so every band equals the band of
 the whole mask. The host then reads, per (detection, ground truth) pair, the
@@ -236,29 +237,41 @@ def _batches(works: list, radii: list) -> list[list[int]]:
     return batches + [current] if current else batches
 
 
+def _crop_groups(masks: np.ndarray, classes: np.ndarray, radius: np.ndarray) -> list:
+    """[((word rows, columns, radius), int64 masks)]: the masks grouped by class and radius (-1: decoded on
+    the host), groups in ascending order of their key, masks in their given order within a group.
+
+    Args:
+      masks: int64 [M]; classes: int64 [M, 2] (word rows, columns); radius: int64 [M].
+    """
+    if not masks.size:
+        return []
+    keys = np.stack([classes[:, 0], classes[:, 1], radius], axis=1).astype(np.int64)
+    order = np.lexsort(keys.T[::-1])  # stable: masks keep their order within a key
+    keys, masks = keys[order], masks[order]
+    first = np.flatnonzero(np.concatenate([[True], (keys[1:] != keys[:-1]).any(axis=1)]))
+    ends = np.append(first[1:], masks.size)
+    return [(tuple(int(value) for value in keys[start]), masks[start:end]) for start, end in zip(first, ends)]
+
+
 class _BandJob(NamedTuple):
     masks: np.ndarray  # batch mask indices in the chunk's slots
     result: tuple  # device arrays (bands, band areas)
 
 
-def _band_jobs(table: RunTable, heights, crops: Crops, radius_of: np.ndarray, max_radius: int, compiled: set,
+def _band_jobs(table: RunTable, heights, crops: Crops, classes: np.ndarray, radius_of: np.ndarray, max_radius: int,
                chunk_words: int):
     """Starts the device band programs of a batch, chunk by chunk (yields each job as it is dispatched).
 
+    ``classes``: int64 [N, 2] the (merged) crop class of each mask (any row for an empty mask).
     A mask whose box is narrower or lower than the ``2 d + 1`` square has no
     eroded pixel: its band is the mask, decoded on the host without a device call.
     """
     present = np.flatnonzero(crops.words > 0)
-    classes = merged_classes(crop_classes(crops.words[present], crops.columns[present]), frozenset(compiled))
     whole = np.minimum(crops.rows, crops.columns)[present] < 2 * radius_of[present] + 1
-    groups = {}
-    for mask, (words, columns), radius, is_whole in zip(present.tolist(), classes.tolist(),
-                                                         radius_of[present].tolist(), whole.tolist()):
-        groups.setdefault((words, columns, -1 if is_whole else radius), []).append(mask)
-    for (words, columns, radius), members in sorted(groups.items()):
+    radius_key = np.where(whole, -1, radius_of[present])
+    for (words, columns, radius), members in _crop_groups(present, classes[present], radius_key):
         slots = max(1, chunk_words // (words * columns))
-        if radius >= 0:
-            compiled.add((words, columns))
         program_radius = min(max_radius, max(WORD_BITS * words, columns))  # wider bands erode a crop away
         for start in range(0, len(members), slots):
             masks = np.asarray(members[start:start + slots], np.int64)
@@ -278,7 +291,7 @@ def _tight_words(bands: np.ndarray, masks: np.ndarray, crops: Crops) -> np.ndarr
     return bands.reshape(-1)[np.repeat(shift, length) + np.arange(int(length.sum()))]
 
 
-def _band_pool(table: RunTable, heights, crops: Crops, radius_of, max_radius: int, compiled: set,
+def _band_pool(table: RunTable, heights, crops: Crops, classes, radius_of, max_radius: int,
                chunk_words: int, progress) -> BandPool:
     """The bands of a batch's masks (device work of the next chunk overlaps the host's copy of the last)."""
     n = heights.size
@@ -286,7 +299,7 @@ def _band_pool(table: RunTable, heights, crops: Crops, radius_of, max_radius: in
     base, area = piece_starts(tight), np.zeros(n, np.int64)
     words = np.zeros(max(int(tight.sum()), 1), np.uint32)
     pending = []
-    jobs = _band_jobs(table, heights, crops, radius_of, max_radius, compiled, chunk_words)
+    jobs = _band_jobs(table, heights, crops, classes, radius_of, max_radius, chunk_words)
     for job in itertools.chain(jobs, [None]):
         pending.append(job)  # the job just dispatched runs while the one before is copied back
         if len(pending) < 2:
@@ -303,6 +316,38 @@ def _band_pool(table: RunTable, heights, crops: Crops, radius_of, max_radius: in
     return BandPool(words, base, area)
 
 
+def _batch_masks(works: list, batch: list) -> list:
+    """The run lengths of every mask of a batch's images, image by image."""
+    return [runs for index in batch for runs in works[index].masks]
+
+
+def _batch_heights(works: list, batch: list) -> np.ndarray:
+    """int64 [N]: the image height of every mask of a batch."""
+    return np.repeat([works[index].height for index in batch], [len(works[index].masks) for index in batch]).astype(
+        np.int64)
+
+
+def _global_classes(crops_of: list) -> list:
+    """int64 [N_b, 2] per batch: every mask's crop class, merged over all the batches at once (empty masks: 0).
+
+    Deciding the merges over every batch together weighs a program against the
+    words of all the crops it would take; batch by batch, each batch's few
+    crops made the larger classes compiled by earlier batches look free, and
+    the padded words grew about eightfold on the COCO-scale set
+    (docs/protocols/boundary_ap_pq.md, "Crops").
+    """
+    present = [np.flatnonzero(crops.words > 0) for crops in crops_of]
+    every = [crop_classes(crops.words[kept], crops.columns[kept]) for crops, kept in zip(crops_of, present)]
+    every = np.concatenate(every) if every else np.zeros((0, 2), np.int64)
+    merged = merged_classes(every) if len(every) else every
+    out = []
+    for crops, kept, first in zip(crops_of, present, piece_starts([len(kept) for kept in present])):
+        classes = np.zeros((crops.words.size, 2), np.int64)
+        classes[kept] = merged[first:first + kept.size]
+        out.append(classes)
+    return out
+
+
 def count_pairs_on_crops(works: list, dilation_ratio: float, chunk_masks: int = 64, progress=None) -> list:
     """Areas, boundary areas and pair intersections of every image's masks (None for images without pairs).
 
@@ -317,15 +362,14 @@ def count_pairs_on_crops(works: list, dilation_ratio: float, chunk_masks: int = 
     out: list = [None] * len(works)
     radii = [boundary_width(work.height, work.width, dilation_ratio) for work in works]
     max_radius = max(radii, default=1)
-    compiled: set = set()
-    for batch in _batches(works, radii):
-        masks = [runs for index in batch for runs in works[index].masks]
+    batches = _batches(works, radii)
+    crops_of = [mask_crops(run_table(_batch_masks(works, batch)), _batch_heights(works, batch)) for batch in batches]
+    for batch, crops, classes in zip(batches, crops_of, _global_classes(crops_of)):
+        masks, heights = _batch_masks(works, batch), _batch_heights(works, batch)
         per_image = [len(works[index].masks) for index in batch]
-        heights = np.repeat([works[index].height for index in batch], per_image).astype(np.int64)
         radius_of = np.repeat([radii[index] for index in batch], per_image)
         table = run_table(masks)
-        crops = mask_crops(table, heights)
-        pool = _band_pool(table, heights, crops, radius_of, max_radius, compiled,
+        pool = _band_pool(table, heights, crops, classes, radius_of, max_radius,
                           chunk_masks * CHUNK_WORDS_PER_MASK, progress)
         first_mask = piece_starts(per_image)
         pairs = np.concatenate([works[index].pairs + first for index, first in zip(batch, first_mask)])

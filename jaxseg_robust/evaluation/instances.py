@@ -523,8 +523,9 @@ def evaluate_instances(ground_truth, results, config: InstanceEvalConfig = Insta
       CocoFormatError: a bad file, naming the image, annotation or result at fault.
       ImportError: polygon annotations without pycocotools (names the ``coco`` extra).
     """
-    prepared = prepare_instances(ground_truth, results, config, warn=warn)
-    return finish_instances(prepared, count_pairs(prepared.works, config.count_settings), config)
+    with collection_paused():  # the counts and the matching make no cycles; a collection would walk every mask
+        prepared = prepare_instances(ground_truth, results, config, warn=warn)
+        return finish_instances(prepared, count_pairs(prepared.works, config.count_settings), config)
 
 
 __all__ = ["IOU_TYPES", "DATASETS", "AGNOSTIC_CATEGORY", "InstanceEvalConfig", "InstanceEvaluation", "Scope",
