@@ -172,16 +172,16 @@ def encoder_module(name: str):
     from jaxseg_robust.models import zoo  # noqa: PLC0415
 
     spec = zoo.get(name)
-    if spec.family in ("sam",):
+    if spec.family == "sam":
         module = zoo.segmenter(name).image_encoder
         size = spec.config.encoder.img_size
         return module, (jnp.zeros((1, size, size, 3), jnp.float32),)
-    if spec.family in ("sam2",):
+    if spec.family == "sam2":
         from jaxseg_robust.models.sam2.hiera import Hiera  # noqa: PLC0415
 
         size = spec.config.image_size
         return Hiera(spec.config.encoder), (jnp.zeros((1, size, size, 3), jnp.float32),)
-    if spec.family in ("simpleclick",):
+    if spec.family == "simpleclick":
         from jaxseg_robust.models.simpleclick.vit import VisionTransformer  # noqa: PLC0415
 
         cfg = spec.config
