@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxseg_robust.models.block_scan import run_blocks
 from jaxseg_robust.models.sam.config import register_image_encoder
 from jaxseg_robust.models.sam.layers import layer_norm
 from jaxseg_robust.ops.resize import apply_taps, linear_taps
@@ -348,15 +349,31 @@ class Neck(nn.Module):
         return layer_norm(self.eps, name="norm2")(x)
 
 
+def vit_block(cfg: ViTConfig, is_global: bool, dtype: Any, **module_args) -> ViTBlock:
+    """The `ViTBlock` of ``cfg`` with global (``is_global``) or windowed attention."""
+    return ViTBlock(cfg.embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
+                    use_rel_pos=cfg.use_rel_pos, window_size=0 if is_global else cfg.window_size,
+                    grid_size=(cfg.grid_size, cfg.grid_size), norm_eps=cfg.norm_eps, dtype=dtype,
+                    **module_args)
+
+
 class ImageEncoderViT(nn.Module):
     """SAM's ViT image encoder: f32[B, S, S, 3] -> f32[B, S/16, S/16, out_chans].
 
     Param tree: ``patch_embed/proj``, ``pos_embed``, ``blocks_{i}/{norm1,attn,
     norm2,mlp}``, ``neck/{conv1,norm1,conv2,norm2}``.
+
+    ``scan_blocks`` (the default) runs the blocks as loops over their parameters stacked at trace
+    time (`models.block_scan.run_blocks`: ViT-B's ``(windowed, windowed, global)`` x 4 holds one
+    windowed and one global block), so the program holds each kind of block once; the parameter
+    tree stays per block. ``False`` unrolls the blocks (the reference the tests compare with;
+    initialisation always unrolls, to create ``blocks_{i}``). docs/benchmarking.md, "Compile time
+    of the image encoders".
     """
 
     config: ViTConfig
     dtype: Any = jnp.float32
+    scan_blocks: bool = True
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -371,15 +388,24 @@ class ImageEncoderViT(nn.Module):
             pos = self.param("pos_embed", nn.initializers.normal(0.02),
                              (1, grid, grid, cfg.embed_dim))
             x = x + pos
-        for i in range(cfg.depth):
-            is_global = i in cfg.global_attn_indexes
-            x = ViTBlock(cfg.embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio,
-                         qkv_bias=cfg.qkv_bias, use_rel_pos=cfg.use_rel_pos,
-                         window_size=0 if is_global else cfg.window_size,
-                         grid_size=(grid, grid), norm_eps=cfg.norm_eps, dtype=self.dtype,
-                         name=f"blocks_{i}")(x)
-            if is_global:
-                self.sow("intermediates", "interm_embeddings", x)
+        is_global = tuple(i in cfg.global_attn_indexes for i in range(cfg.depth))
+        if self.scan_blocks and not self.is_initializing():
+            params = self.variables["params"]
+
+            def apply_block(global_attention, block_params, y):
+                block = vit_block(cfg, global_attention, self.dtype, parent=None)
+                return block.apply({"params": block_params}, y)
+
+            x, interm = run_blocks(apply_block, [params[f"blocks_{i}"] for i in range(cfg.depth)],
+                                   is_global, x, emits=bool)
+        else:
+            interm = []
+            for i in range(cfg.depth):
+                x = vit_block(cfg, is_global[i], self.dtype, name=f"blocks_{i}")(x)
+                if is_global[i]:
+                    interm.append(x)
+        for y in interm:
+            self.sow("intermediates", "interm_embeddings", y)
         return Neck(cfg.out_chans, eps=cfg.neck_eps, dtype=self.dtype, name="neck")(x).astype(
             jnp.float32)
 

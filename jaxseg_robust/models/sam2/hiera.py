@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxseg_robust.models.block_scan import run_blocks
 from jaxseg_robust.models.sam.image_encoder import GeluMLP, window_partition, window_unpartition
 from jaxseg_robust.models.sam.layers import layer_norm
 from jaxseg_robust.models.sam2.config import (PATCH_KERNEL, PATCH_PADDING, PATCH_STRIDE,
@@ -195,10 +196,17 @@ class Hiera(nn.Module):
 
     Param tree: ``patch_embed/proj``, ``pos_embed`` f32[h0, w0, C],
     ``pos_embed_window`` f32[w, w, C], ``blocks_{i}/...``.
+
+    ``scan_blocks`` (the default) runs blocks of one spec as loops over their parameters stacked at
+    trace time (`models.block_scan.run_blocks`; a block's kind is its spec and whether it ends a
+    stage), so the program holds each kind once; the parameter tree stays per block. ``False``
+    unrolls them (initialisation always does). docs/benchmarking.md, "Compile time of the image
+    encoders".
     """
 
     config: HieraConfig
     dtype: Any = jnp.float32
+    scan_blocks: bool = True
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> tuple[jnp.ndarray, ...]:
@@ -214,11 +222,21 @@ class Hiera(nn.Module):
         w0 = cfg.window_spec[0]
         window_embed = self.param("pos_embed_window", init, (w0, w0, cfg.embed_dim))
         x = x + hiera_pos_embed(bkg, window_embed, (x.shape[1], x.shape[2]))
+        kinds = tuple((spec, i in cfg.stage_ends) for i, spec in enumerate(cfg.blocks()))
+        if self.scan_blocks and not self.is_initializing():
+            params = self.variables["params"]
+
+            def apply_block(kind, block_params, y):
+                block = HieraBlock(kind[0], cfg.mlp_ratio, dtype=self.dtype, parent=None)
+                return block.apply({"params": block_params}, y)
+
+            _, outputs = run_blocks(apply_block, [params[f"blocks_{i}"] for i in range(len(kinds))],
+                                    kinds, x, emits=lambda kind: kind[1])
+            return tuple(outputs)
         outputs = []
-        ends = cfg.stage_ends
-        for i, spec in enumerate(cfg.blocks()):
+        for i, (spec, stage_end) in enumerate(kinds):
             x = HieraBlock(spec, cfg.mlp_ratio, dtype=self.dtype, name=f"blocks_{i}")(x)
-            if i in ends:
+            if stage_end:
                 outputs.append(x)
         return tuple(outputs)
 

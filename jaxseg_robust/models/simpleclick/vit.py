@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from jaxseg_robust.models.block_scan import run_blocks
 from jaxseg_robust.models.clickmap.layers import Conv2d, LayerNorm, Linear, gelu
 from jaxseg_robust.models.simpleclick.config import SimpleClickConfig
 from jaxseg_robust.ops.attention import softmax_attention
@@ -150,25 +151,47 @@ def unpatchify(x: jnp.ndarray, grid: tuple[int, int], windows: tuple[int, int]) 
 
 
 class Blocks(nn.Module):
-    """``blocks``: windowed blocks with a global one every ``blocks_per_group``."""
+    """``blocks``: windowed blocks with a global one every ``blocks_per_group``.
+
+    ``scan_blocks`` (the default) runs them as loops over their parameters stacked at trace time
+    (`models.block_scan.run_blocks`; the tokens stay in window order and a global block reads them
+    through `unpatchify` / `patchify`, exact reshapes), so the program holds one windowed and one
+    global block; the parameter tree stays per block (``blocks/{i}``). ``False`` unrolls them
+    (initialisation always does). docs/benchmarking.md, "Compile time of the image encoders".
+    """
 
     config: SimpleClickConfig
+    scan_blocks: bool = True
 
     @nn.compact
     def __call__(self, x, grid: tuple[int, int]):
+        """f32[B, gh gw, C] -> f32[B, gh gw, C]."""
         cfg = self.config
         windows = window_counts(cfg, grid)
-        group = cfg.blocks_per_group
+        is_global = tuple(i % cfg.blocks_per_group == 0 for i in range(1, cfg.depth + 1))
+        if self.scan_blocks and not self.is_initializing():
+            params = self.variables["params"]
+
+            def apply_block(global_attention, block_params, y):
+                block = Block(cfg.embed_dim, cfg.num_heads, cfg.mlp_ratio, parent=None)
+                if not global_attention:
+                    return block.apply({"params": block_params}, y)
+                y = block.apply({"params": block_params}, unpatchify(y, grid, windows))
+                return patchify(y, grid, windows)
+
+            x, _ = run_blocks(apply_block, [params[str(i)] for i in range(cfg.depth)], is_global,
+                              patchify(x, grid, windows))
+            return unpatchify(x, grid, windows)
         windowed = False
-        for i in range(1, cfg.depth + 1):
-            if i % group:
+        for i, global_attention in enumerate(is_global):
+            if not global_attention:
                 if not windowed:
                     x = patchify(x, grid, windows)
                     windowed = True
             elif windowed:
                 x = unpatchify(x, grid, windows)
                 windowed = False
-            x = Block(cfg.embed_dim, cfg.num_heads, cfg.mlp_ratio, name=str(i - 1))(x)
+            x = Block(cfg.embed_dim, cfg.num_heads, cfg.mlp_ratio, name=str(i))(x)
         return unpatchify(x, grid, windows) if windowed else x
 
 
@@ -188,9 +211,10 @@ class PatchEmbed(nn.Module):
 
 class VisionTransformer(nn.Module):
     """``backbone``: f32[B, H, W, 3] normalised image + f32[B, N, C] click embedding ->
-    f32[B, gh, gw, C] tokens on the patch grid."""
+    f32[B, gh, gw, C] tokens on the patch grid (``scan_blocks``: see `Blocks`)."""
 
     config: SimpleClickConfig
+    scan_blocks: bool = True
 
     @nn.compact
     def __call__(self, image, coord_embedding):
@@ -203,5 +227,5 @@ class VisionTransformer(nn.Module):
                          (1, g0[0] * g0[1] + 1, cfg.embed_dim))
         pos = interpolate_pos_embed(pos[0, 1:], g0, grid).astype(x.dtype)
         x = x + pos.reshape(1, grid[0] * grid[1], cfg.embed_dim)
-        x = Blocks(cfg, name="blocks")(x, grid)
+        x = Blocks(cfg, self.scan_blocks, name="blocks")(x, grid)
         return x.reshape(x.shape[0], grid[0], grid[1], cfg.embed_dim)
