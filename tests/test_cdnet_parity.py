@@ -200,7 +200,7 @@ def ellipse_gt() -> np.ndarray:
     return ((rows - 70) / 40.0) ** 2 + ((cols - 110) / 55.0) ** 2 <= 1.0
 
 
-def reference_noc(net, DiffisionPredictor, zoom_in=None):
+def reference_noc(net, DiffisionPredictor, zoom_in=None, n_clicks: int = N_NOC_CLICKS):
     """isegm ``evaluate_sample`` (no early stop, no initial mask) with ClickSEG's predictor, given the
     ``zoom_in`` transform or none: (clicks, IoUs, the zoom-in's ROI per click (None when skipped),
     the last probability map f32[H, W] as the zoom-in stored it, or None without one)."""
@@ -213,7 +213,7 @@ def reference_noc(net, DiffisionPredictor, zoom_in=None):
     clicks, ious, rois = [], [], []
     with torch.no_grad():
         predictor.set_input_image(smooth_image())
-        for _ in range(N_NOC_CLICKS):
+        for _ in range(n_clicks):
             clicker.make_next_click(pred)
             pred = predictor.get_prediction(clicker) > 0.49
             click = clicker.get_clicks()[-1]
@@ -245,6 +245,27 @@ def test_noc_loop_matches_authors(models):
 # both papers' evaluate_model_cdnet.py, --eval-mode cvpr (target_size is unused: the crop stays native)
 PAPERS_ZOOM_IN = {"tetris": {"skip_clicks": 0, "target_size": 400, "expansion_ratio": 1.4},
                   "rclicks": {"skip_clicks": 1, "target_size": 400, "expansion_ratio": 1.4}}
+# The seeded network's prediction is scattered over the whole image, so its box is the image and the zoom-in
+# never crops; a head bias of -0.5 (the same on both sides) keeps it near the clicks, and the second and third
+# clicks zoom into crops of the image (after that it empties and the authors' ZoomIn pastes into a stale ROI,
+# docs/models/gpcis.md "Where the project departs").
+ZOOM_HEAD_BIAS = -0.5
+N_ZOOM_CLICKS = 3
+
+
+def with_head_bias(net, params, bias: float):
+    """Copies of the torch network and of the converted parameters with the head's output bias set to ``bias``."""
+    import copy  # noqa: PLC0415
+
+    from flax import traverse_util  # noqa: PLC0415
+
+    net = copy.deepcopy(net)
+    with torch.no_grad():
+        net.head.layers[2].bias.fill_(bias)
+    flat = traverse_util.flatten_dict(params)
+    key = next(k for k in flat if "/".join(k) == "head/layers/2/bias")
+    flat[key] = jnp.full_like(flat[key], bias)
+    return net, traverse_util.unflatten_dict(flat)
 
 
 @pytest.mark.skipif(zoom_in_path() is None, reason="neither $JAXSEG_RCLICKS_REPO nor $JAXSEG_GPCIS_REPO is set")
@@ -253,20 +274,21 @@ def test_noc_loop_with_the_papers_zoom_in_matches_authors(models, protocol):
     from jaxseg_robust.models.clickmap.noc import NocConfig, noc_trajectory  # noqa: PLC0415
 
     net, DiffisionPredictor, _, seg, params = models
+    net, params = with_head_bias(net, params, ZOOM_HEAD_BIAS)
     zoom_in = load_zoom_in()(**PAPERS_ZOOM_IN[protocol])
-    want_clicks, want_ious, rois, want_prob = reference_noc(net, DiffisionPredictor, zoom_in)
+    want_clicks, want_ious, rois, want_prob = reference_noc(net, DiffisionPredictor, zoom_in, N_ZOOM_CLICKS)
     seg = seg.with_predictor(True, None, protocol)
     x, transform = seg.preprocess(smooth_image())
     gt = jnp.asarray(ellipse_gt())
     out = noc_trajectory(seg, params, x, transform.original_hw, gt, jnp.ones_like(gt),
-                         NocConfig(n_clicks=N_NOC_CLICKS, options=seg.evaluation))
+                         NocConfig(n_clicks=N_ZOOM_CLICKS, options=seg.evaluation))
     got_clicks = [(int(r), int(c), bool(p)) for (r, c), p in zip(np.asarray(out["clicks"]), np.asarray(out["positive"]))]
     err, _ = scale_err(out["prob"], want_prob)
     iou_err = float(np.max(np.abs(np.asarray(out["ious"]) - want_ious)))
-    print(f"\nPARITY cdnet zoom-in NoC [{protocol}]: rois {rois} IoUs {want_ious} vs {np.asarray(out['ious']).tolist()} "
-          f"(max diff {iou_err:.3g}); last probability max error {err:.3g}")
+    print(f"\nPARITY cdnet zoom-in NoC [{protocol}]: clicks {want_clicks} rois {rois} IoUs {want_ious} vs "
+          f"{np.asarray(out['ious']).tolist()} (max diff {iou_err:.3g}); last probability max error {err:.3g}, "
+          f"max {float(np.max(want_prob)):.3g}")
     assert got_clicks == want_clicks
     assert iou_err <= 1e-3
     assert err <= RTOL, f"last probability: max error {err:.3g}"
-    assert any(roi is not None and roi != (0, H - 1, 0, W - 1) for roi in rois)  # the loop zoomed in
-    assert max(want_ious) - min(want_ious) > 0.05
+    assert all(roi is not None and roi != (0, H - 1, 0, W - 1) for roi in rois[1:])  # the clicks after the first zoom in
