@@ -16,6 +16,10 @@ import types
 import numpy as np
 
 REPO_ENV = "JAXSEG_CDNET_REPO"
+# The papers' CDNet zoom-in: emb-ai/rclicks ``isegm/isegm/inference/transforms/zoom_in_gpcis.py``, the same file
+# as the GPCIS authors' ``isegm/inference/transforms/zoom_in.py`` (zmhhmz/GPCIS_CVPR2023; tests/gpcis_reference.py).
+ZOOM_IN_SOURCES = (("JAXSEG_RCLICKS_REPO", "isegm/isegm/inference/transforms/zoom_in_gpcis.py"),
+                   ("JAXSEG_GPCIS_REPO", "isegm/inference/transforms/zoom_in.py"))
 
 
 def repo_path() -> pathlib.Path | None:
@@ -37,6 +41,30 @@ def load_source_module(relative: str) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def zoom_in_path() -> pathlib.Path | None:
+    """The papers' ``zoom_in_gpcis.py`` from ``$JAXSEG_RCLICKS_REPO`` (an emb-ai/rclicks checkout) or, the same
+    file, GPCIS's ``zoom_in.py`` from ``$JAXSEG_GPCIS_REPO``; None when neither is configured."""
+    for env, relative in ZOOM_IN_SOURCES:
+        value = os.environ.get(env, "")
+        if value and (pathlib.Path(value).expanduser() / relative).is_file():
+            return pathlib.Path(value).expanduser() / relative
+    return None
+
+
+def load_zoom_in():
+    """The ``ZoomIn`` class of `zoom_in_path`, loaded inside the ClickSEG checkout's ``isegm`` package (call
+    `import_isegm` first): it imports ``isegm.inference.clicker``, ``isegm.utils.misc`` (whose bbox helpers
+    are the same in ClickSEG, GPCIS and rclicks) and the transforms' ``base``."""
+    path = zoom_in_path()
+    if path is None:
+        raise RuntimeError("neither $JAXSEG_RCLICKS_REPO nor $JAXSEG_GPCIS_REPO names a checkout with the zoom-in")
+    name = "isegm.inference.transforms.zoom_in_gpcis"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ZoomIn
 
 
 def randomise_(module, seed: int) -> None:

@@ -11,7 +11,7 @@ from jaxseg_robust.models import zoo
 from jaxseg_robust.models.cdnet.config import TINY, CdnetConfig
 from jaxseg_robust.models.cdnet.network import fdm_size
 from jaxseg_robust.models.cdnet.pdm import pixel_diffusion
-from jaxseg_robust.models.cdnet.segmenter import CdnetSegmenter
+from jaxseg_robust.models.cdnet.segmenter import CdnetSegmenter, cdnet_options, clickseg_options
 from jaxseg_robust.models.clickmap.attack_view import PredictorView
 from ports.cdnet import config_from_checkpoint, convert_cdnet, latent_head_shapes
 from ports.keytable import PortError
@@ -65,7 +65,19 @@ def test_pixel_diffusion_follows_the_clicks():
 
 def test_authors_predictor_rules():
     seg = SEG.with_predictor(True, protocol="rclicks")
-    assert seg.evaluation.resize_hw == (64, 64) and seg.evaluation.with_flip and seg.evaluation.pixel_diffusion
+    options = seg.evaluation
+    assert options.resize_hw is None and options.with_flip and options.pixel_diffusion and options.threshold == 0.5
+    zoom = options.zoom_in  # the scripts' zoom_in_gpcis ZoomIn, resized to the infer size
+    assert zoom.native_crop and zoom.target_hw == (64, 64) and zoom.skip_clicks == 1
+    assert (zoom.min_crop_size, zoom.expansion_ratio, zoom.prob_thresh, zoom.recompute_thresh_iou) == \
+        (10, 1.4, 0.49, 1.0)
+    # TETRIS skips the zoom only without a previous prediction; RClicks' TETRIS set never skips it;
+    # ResizeTrans(384) is hard-coded in the predictor, so SBD keeps the infer size (GPCIS: 256)
+    assert SEG.with_predictor(True, protocol="tetris").evaluation.zoom_in.skip_clicks == 0
+    assert SEG.with_predictor(True, "TETRIS", "rclicks").evaluation.zoom_in.skip_clicks == -1
+    assert SEG.with_predictor(True, "SBD", "rclicks").evaluation.zoom_in.target_hw == (64, 64)
+    assert cdnet_options("rclicks", "SBD").zoom_in.target_hw == (384, 384)
+    assert clickseg_options(384).resize_hw == (384, 384) and clickseg_options(384).zoom_in is None
     rules = seg.rules
     assert rules.family == "cdnet" and rules.click_step_hw == (64, 64) and rules.frame_policy == "any"
     assert seg.probability_threshold == 0.5
@@ -74,7 +86,7 @@ def test_authors_predictor_rules():
 
 
 def test_predictor_view_maps_clicks_through_the_resize(params):
-    seg = SEG.with_predictor(True).with_differentiable_clicks()
+    seg = SEG.with_predictor(True, protocol="tetris").with_differentiable_clicks()
     view = seg.predictor_view()
     assert isinstance(view, PredictorView) and view.grid_hw((40, 50)) == (64, 64)
     image = np.random.default_rng(1).integers(0, 256, (40, 50, 3), dtype=np.uint8)
@@ -89,6 +101,22 @@ def test_predictor_view_maps_clicks_through_the_resize(params):
     halves, prob, _ = view.predict(params, crop, crop.points, labels, transform.original_hw, (48, 56))
     assert halves.shape == (1, 64, 64)  # the Dice term reads the diffused flip average
     assert prob.shape == (48, 56) and float(prob[40:].max()) == 0.0
+
+
+def test_predictor_view_zooms_after_a_prediction(params):
+    """With a previous prediction the second click's grid is the zoom-in's crop around it (box
+    expanded 1.4 times, at least 10 px), resized to the infer size."""
+    seg = SEG.with_predictor(True, protocol="tetris").with_differentiable_clicks()
+    view = seg.predictor_view()
+    image = np.random.default_rng(1).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    x, transform = seg.preprocess(image)
+    features = seg.embed(params, x)
+    prev = jnp.zeros((40, 50)).at[10:20, 20:30].set(0.9)   # box rows 10..19, cols 20..29
+    state = view.initial_state((40, 50)).replace(prev_prob=prev, has_prev=jnp.asarray(True))
+    points, labels = jnp.asarray([[25.0, 15.0], [5.0, 5.0]]), jnp.asarray([1, 0])
+    crop = view.crop(features, transform.original_hw, points, labels, jnp.zeros((40, 50)), state)
+    np.testing.assert_array_equal(crop.roi, [8, 22, 18, 32])   # 10 px * 1.4 = 14 around the centre
+    np.testing.assert_allclose(crop.points[0], [64 * (25.0 - 18) / 15, 64 * (15.0 - 8) / 15], rtol=1e-6)
 
 
 def _official_state(config):

@@ -10,17 +10,26 @@ every tensor, is saved in the isegm checkpoint format and converted with
 * the pixel diffusion (``PDM.forward``) on those logits, within 1e-4 of scale;
 * the authors' ``DiffisionPredictor`` (ResizeTrans(384), flip averaging,
   PDM, sigmoid, resize back) against `CdnetSegmenter.interactive_predict`
-  with `cdnet_options`: probabilities within 1e-4, the 0.5-binarised masks
+  with `clickseg_options`: probabilities within 1e-4, the 0.5-binarised masks
   equal but for pixels within 1e-4 of the threshold;
 * gradients of a loss w.r.t. the radius-5 click maps (what TETRIS
   differentiates; the FDM's click weights are detached in both) within 1e-3
   relative;
 * isegm's NoC loop (``evaluate_sample``: RITM clicker, 5 clicks, no early
   stop) with that predictor against `noc_trajectory`: identical clicks, IoUs
-  within 1e-3, and the IoUs must move (else the loop proved nothing).
+  within 1e-3, and the IoUs must move (else the loop proved nothing);
+* the same loop as both papers' ``evaluate_model_cdnet.py`` run it: the
+  predictor given the ``ZoomIn`` of ``zoom_in_gpcis.py`` (``$JAXSEG_RCLICKS_REPO``,
+  or the same file from ``$JAXSEG_GPCIS_REPO``) with the TETRIS
+  (``skip_clicks=0``) and the RClicks (``skip_clicks=1``) settings, against
+  `noc_trajectory` with `cdnet_options`: identical clicks, IoUs within 1e-3,
+  the last probability map within 1e-4, and at least one click zoomed into
+  a crop smaller than the image.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +40,7 @@ pytestmark = pytest.mark.parity
 
 torch = pytest.importorskip("torch")
 
-from cdnet_reference import REPO_ENV, import_isegm, release_model, repo_path  # noqa: E402
+from cdnet_reference import REPO_ENV, import_isegm, load_zoom_in, release_model, repo_path, zoom_in_path  # noqa: E402
 
 if repo_path() is None:
     pytest.skip(f"${REPO_ENV} does not name a ClickSEG checkout", allow_module_level=True)
@@ -39,7 +48,7 @@ if repo_path() is None:
 from jaxseg_robust.models import store  # noqa: E402
 from jaxseg_robust.models.cdnet.config import CdnetConfig  # noqa: E402
 from jaxseg_robust.models.cdnet.pdm import pixel_diffusion  # noqa: E402
-from jaxseg_robust.models.cdnet.segmenter import CdnetSegmenter  # noqa: E402
+from jaxseg_robust.models.cdnet.segmenter import CdnetSegmenter, clickseg_options  # noqa: E402
 from ports.__main__ import main as ports_main  # noqa: E402
 
 RTOL = 1e-4
@@ -138,7 +147,7 @@ def reference_probability(net, DiffisionPredictor, Click):
 def test_predictor_matches_diffusion_predictor(models):
     net, DiffisionPredictor, Click, seg, params = models
     want = reference_probability(net, DiffisionPredictor, Click)
-    seg = seg.with_predictor(True)
+    seg = dataclasses.replace(seg, evaluation=clickseg_options(seg.config.infer_size))
     x, transform = seg.preprocess(smooth_image())
     features = seg.embed(params, x)
     pts = jnp.asarray([[c, r] for r, c, _ in CLICKS], jnp.float32)
@@ -191,32 +200,37 @@ def ellipse_gt() -> np.ndarray:
     return ((rows - 70) / 40.0) ** 2 + ((cols - 110) / 55.0) ** 2 <= 1.0
 
 
-def reference_noc(net, DiffisionPredictor):
-    """isegm ``evaluate_sample`` (no early stop, no initial mask) with ClickSEG's predictor: (clicks, IoUs)."""
+def reference_noc(net, DiffisionPredictor, zoom_in=None, n_clicks: int = N_NOC_CLICKS):
+    """isegm ``evaluate_sample`` (no early stop, no initial mask) with ClickSEG's predictor, given the
+    ``zoom_in`` transform or none: (clicks, IoUs, the zoom-in's ROI per click (None when skipped),
+    the last probability map f32[H, W] as the zoom-in stored it, or None without one)."""
     from isegm.inference.clicker import Clicker  # noqa: PLC0415
 
     gt = ellipse_gt()
-    predictor = DiffisionPredictor(net, "cpu")
+    predictor = DiffisionPredictor(net, "cpu", zoom_in=zoom_in)
     clicker = Clicker(gt_mask=gt)
     pred = np.zeros_like(gt)
-    clicks, ious = [], []
+    clicks, ious, rois = [], [], []
     with torch.no_grad():
         predictor.set_input_image(smooth_image())
-        for _ in range(N_NOC_CLICKS):
+        for _ in range(n_clicks):
             clicker.make_next_click(pred)
             pred = predictor.get_prediction(clicker) > 0.49
             click = clicker.get_clicks()[-1]
             clicks.append((int(click.coords[0]), int(click.coords[1]), bool(click.is_positive)))
             ious.append(float(np.sum(gt & pred) / np.sum(gt | pred)))
-    return clicks, ious
+            if zoom_in is not None:
+                rois.append(None if zoom_in._object_roi is None else tuple(int(v) for v in zoom_in._object_roi))
+    last = None if zoom_in is None else zoom_in._prev_probs[0, 0]
+    return clicks, ious, rois, last
 
 
 def test_noc_loop_matches_authors(models):
     from jaxseg_robust.models.clickmap.noc import NocConfig, noc_trajectory  # noqa: PLC0415
 
     net, DiffisionPredictor, _, seg, params = models
-    want_clicks, want_ious = reference_noc(net, DiffisionPredictor)
-    seg = seg.with_predictor(True)
+    want_clicks, want_ious, _, _ = reference_noc(net, DiffisionPredictor)
+    seg = dataclasses.replace(seg, evaluation=clickseg_options(seg.config.infer_size))
     x, transform = seg.preprocess(smooth_image())
     gt = jnp.asarray(ellipse_gt())
     out = noc_trajectory(seg, params, x, transform.original_hw, gt, jnp.ones_like(gt),
@@ -226,3 +240,55 @@ def test_noc_loop_matches_authors(models):
     assert got_clicks == want_clicks
     np.testing.assert_allclose(np.asarray(out["ious"]), want_ious, atol=1e-3)
     assert max(want_ious) - min(want_ious) > 0.05  # the clicks move the prediction: the loop is exercised
+
+
+# both papers' evaluate_model_cdnet.py, --eval-mode cvpr (target_size is unused: the crop stays native)
+PAPERS_ZOOM_IN = {"tetris": {"skip_clicks": 0, "target_size": 400, "expansion_ratio": 1.4},
+                  "rclicks": {"skip_clicks": 1, "target_size": 400, "expansion_ratio": 1.4}}
+# The seeded network's prediction is scattered over the whole image, so its box is the image and the zoom-in
+# never crops; a head bias of -0.5 (the same on both sides) keeps it near the clicks, and the second and third
+# clicks zoom into crops of the image (after that it empties and the authors' ZoomIn pastes into a stale ROI,
+# docs/models/gpcis.md "Where the project departs").
+ZOOM_HEAD_BIAS = -0.5
+N_ZOOM_CLICKS = 3
+
+
+def with_head_bias(net, params, bias: float):
+    """Copies of the torch network and of the converted parameters with the head's output bias set to ``bias``."""
+    import copy  # noqa: PLC0415
+
+    from flax import traverse_util  # noqa: PLC0415
+
+    net = copy.deepcopy(net)
+    with torch.no_grad():
+        net.head.layers[2].bias.fill_(bias)
+    flat = traverse_util.flatten_dict(params)
+    key = next(k for k in flat if "/".join(k) == "head/layers/2/bias")
+    flat[key] = jnp.full_like(flat[key], bias)
+    return net, traverse_util.unflatten_dict(flat)
+
+
+@pytest.mark.skipif(zoom_in_path() is None, reason="neither $JAXSEG_RCLICKS_REPO nor $JAXSEG_GPCIS_REPO is set")
+@pytest.mark.parametrize("protocol", ["tetris", "rclicks"])
+def test_noc_loop_with_the_papers_zoom_in_matches_authors(models, protocol):
+    from jaxseg_robust.models.clickmap.noc import NocConfig, noc_trajectory  # noqa: PLC0415
+
+    net, DiffisionPredictor, _, seg, params = models
+    net, params = with_head_bias(net, params, ZOOM_HEAD_BIAS)
+    zoom_in = load_zoom_in()(**PAPERS_ZOOM_IN[protocol])
+    want_clicks, want_ious, rois, want_prob = reference_noc(net, DiffisionPredictor, zoom_in, N_ZOOM_CLICKS)
+    seg = seg.with_predictor(True, None, protocol)
+    x, transform = seg.preprocess(smooth_image())
+    gt = jnp.asarray(ellipse_gt())
+    out = noc_trajectory(seg, params, x, transform.original_hw, gt, jnp.ones_like(gt),
+                         NocConfig(n_clicks=N_ZOOM_CLICKS, options=seg.evaluation))
+    got_clicks = [(int(r), int(c), bool(p)) for (r, c), p in zip(np.asarray(out["clicks"]), np.asarray(out["positive"]))]
+    err, _ = scale_err(out["prob"], want_prob)
+    iou_err = float(np.max(np.abs(np.asarray(out["ious"]) - want_ious)))
+    print(f"\nPARITY cdnet zoom-in NoC [{protocol}]: clicks {want_clicks} rois {rois} IoUs {want_ious} vs "
+          f"{np.asarray(out['ious']).tolist()} (max diff {iou_err:.3g}); last probability max error {err:.3g}, "
+          f"max {float(np.max(want_prob)):.3g}")
+    assert got_clicks == want_clicks
+    assert iou_err <= 1e-3
+    assert err <= RTOL, f"last probability: max error {err:.3g}"
+    assert all(roi is not None and roi != (0, H - 1, 0, W - 1) for roi in rois[1:])  # the clicks after the first zoom in

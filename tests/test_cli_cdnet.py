@@ -62,6 +62,8 @@ def test_tetris_runs_cdnet_tiny(tetris_run):
         assert payload["min"]["iou"][0] <= payload["max"]["iou"][0]
     assert manifest_of(out)["config"]["model_source"] == "random:0"
     assert "3 instances: 3 ok" in stdout
+    zoom = manifest_of(out)["config"]["isegm"]["zoom_in"]  # adv-clicks' evaluate_model_cdnet.py zoom-in
+    assert zoom["native_crop"] and zoom["skip_clicks"] == 0 and tuple(zoom["target_hw"]) == (64, 64)
 
 
 def test_rclicks_runs_cdnet_tiny(rclicks_run):
@@ -71,3 +73,5 @@ def test_rclicks_runs_cdnet_tiny(rclicks_run):
     assert set(ok) == set(GOOD) and not failed
     assert "NoC3@90 Sample" in stdout and "| toy |" in stdout
     assert manifest_of(out)["config"]["model_source"] == "random:0"
+    zoom = manifest_of(out)["config"]["isegm"]["zoom_in"]  # rclicks' evaluate_model_cdnet.py zoom-in
+    assert zoom["native_crop"] and zoom["skip_clicks"] == 1 and tuple(zoom["target_hw"]) == (64, 64)

@@ -8,11 +8,15 @@ as maps); what differs is declared here:
   pixel diffusion) and of radius 24 (the FDM), four channels, no previous
   mask (`click_features`);
 * its network (`network.CdnetNet`);
-* its authors' predictor (ClickSEG's ``DiffisionPredictor``, the same for
-  TETRIS and RClicks): the whole image resized to ``infer_size`` squared,
+* its authors' predictor as both papers' scripts build it
+  (``scripts/evaluate_model_cdnet.py`` of adv-clicks and of rclicks):
+  GPCIS's native-resolution zoom-in (`gpcis_options`' ``ZoomInConfig``:
+  the same ``zoom_in_gpcis.py`` with the same settings), then ClickSEG's
+  ``DiffisionPredictor``: the crop resized to ``infer_size`` squared,
   horizontal-flip averaging of the logits, the pixel diffusion (`pdm`) and a
-  sigmoid, resized back, binarised at 0.5 (`cdnet_options`;
-  ``probability_threshold`` 0.5);
+  sigmoid, resized back and pasted, binarised at 0.5 (`cdnet_options`;
+  ``probability_threshold`` 0.5); ClickSEG's own predictor without the
+  zoom-in is `clickseg_options`;
 * its rules: family "cdnet"; the TETRIS step of the 384 x 384 network input.
 """
 
@@ -29,14 +33,38 @@ from jaxseg_robust.models.cdnet.network import CdnetNet
 from jaxseg_robust.models.clickmap.encoding import click_maps
 from jaxseg_robust.models.clickmap.isegm import IsegmOptions
 from jaxseg_robust.models.clickmap.segmenter import ClickMapSegmenter
+from jaxseg_robust.models.gpcis.segmenter import gpcis_options
 
 CDNET_THRESHOLD = 0.5  # DiffisionPredictor.get_prediction: prediction > 0.5
 
 
-def cdnet_options(infer_size: int) -> IsegmOptions:
-    """ClickSEG's ``DiffisionPredictor``: ``ResizeTrans(infer_size)``, flip (always on), PDM, threshold 0.5."""
+def clickseg_options(infer_size: int) -> IsegmOptions:
+    """ClickSEG's own ``DiffisionPredictor`` (no zoom-in): ``ResizeTrans(infer_size)`` of the whole image,
+    flip (always on), PDM, threshold 0.5."""
     return IsegmOptions(resize_hw=(infer_size, infer_size), with_flip=True, pixel_diffusion=True,
                         threshold=CDNET_THRESHOLD)
+
+
+def cdnet_options(protocol: str, dataset: str | None = None, infer_size: int = 384) -> IsegmOptions:
+    """The CDNet predictor a protocol's authors run (docs/models/cdnet.md, "Evaluation rules").
+
+    Both papers' ``evaluate_model_cdnet.py`` give ClickSEG's ``DiffisionPredictor`` the ``ZoomIn`` of
+    ``zoom_in_gpcis.py`` with the parameters their GPCIS script uses in ``cvpr`` mode, so the zoom-in is
+    `gpcis_options`' (native-resolution crop, min crop 10, expansion 1.4, ROI threshold 0.49, the ROI
+    recomputed at every click; ``skip_clicks`` 0 for "tetris", 1 for "rclicks", -1 on their TETRIS set).
+    The predictor's ``ResizeTrans(384)`` is hard-coded (its ``infer_size`` argument is unused), so the crop
+    is resized to ``infer_size`` squared on every dataset (SBD included, where GPCIS uses 256).
+
+    Args:
+      protocol: "tetris" or "rclicks".
+      dataset: the run's dataset name, or None.
+      infer_size: the square network input (``CdnetConfig.infer_size``: 384 for the releases).
+
+    Returns:
+      `IsegmOptions`: that zoom-in resized to ``infer_size``, flip averaging, PDM, threshold 0.5.
+    """
+    zoom = dataclasses.replace(gpcis_options(protocol, dataset).zoom_in, target_hw=(infer_size, infer_size))
+    return IsegmOptions(zoom_in=zoom, with_flip=True, pixel_diffusion=True, threshold=CDNET_THRESHOLD)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,13 +99,13 @@ class CdnetSegmenter(ClickMapSegmenter):
         return jnp.concatenate([near, wide], axis=-1)
 
     def with_predictor(self, use: bool, dataset: str | None = None, protocol: str = "tetris") -> CdnetSegmenter:
-        """With the authors' predictor (``use``): `cdnet_options` of ``config.infer_size`` for every
-        protocol and dataset (see docs/models/cdnet.md for the zoom-in the papers' scripts add)."""
+        """With the authors' predictor (``use``): `cdnet_options` of ``protocol`` and ``dataset`` at
+        ``config.infer_size``; without it the network on the whole frame."""
         if not use:
             return dataclasses.replace(self, evaluation=None)
         if self.evaluation is not None:
             return self
-        return dataclasses.replace(self, evaluation=cdnet_options(self.config.infer_size))
+        return dataclasses.replace(self, evaluation=cdnet_options(protocol, dataset, self.config.infer_size))
 
 
 @functools.lru_cache(maxsize=8)

@@ -2,7 +2,8 @@
 
 Family "gpcis" (`GpcisConfig`, `GpcisSegmenter`); names:
   * ``gpcis_resnet50_sbd``: the authors' ``GPCIS_Resnet50.pth`` (DeepLabV3+
-    ResNet-50 with the Gaussian-process head, trained on SBD; ``python -m ports gpcis``);
+    ResNet-50 with the Gaussian-process head, trained on SBD; ``python -m ports gpcis``), the checkpoint
+    both papers ran (RClicks' tables label its row "C+L"; docs/models/gpcis.md says why it is SBD);
   * ``gpcis_tiny``: a tiny random-weight model for tests.
 Every name loads a `ClickMapPredictor` (``predict(image, point_coords=, point_labels=, mask_input=)``).
 """
