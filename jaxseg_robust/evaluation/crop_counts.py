@@ -348,6 +348,14 @@ def _global_classes(crops_of: list) -> list:
     return out
 
 
+def _mask_radii(works: list, batch: list, radii: list, first_mask: np.ndarray) -> np.ndarray:
+    """int64 [N]: the band width of every mask of a batch; -1 for a ``solid`` mask (its band is the mask)."""
+    radius_of = np.repeat([radii[index] for index in batch], [len(works[index].masks) for index in batch])
+    for index, first in zip(batch, first_mask):
+        radius_of[first + np.asarray(works[index].solid, np.int64)] = -1
+    return radius_of.astype(np.int64)
+
+
 def count_pairs_on_crops(works: list, dilation_ratio: float, chunk_masks: int = 64, progress=None) -> list:
     """Areas, boundary areas and pair intersections of every image's masks (None for images without pairs).
 
@@ -357,7 +365,8 @@ def count_pairs_on_crops(works: list, dilation_ratio: float, chunk_masks: int = 
         words; progress: optional display updated per chunk (masks).
 
     Returns:
-      one ``PairCounts`` (int64 host arrays) per image with pairs, else None.
+      one ``PairCounts`` (int64 host arrays) per image with pairs, else None. The band of a mask listed
+      in its work's ``solid`` is the whole mask (its boundary area is its area).
     """
     out: list = [None] * len(works)
     radii = [boundary_width(work.height, work.width, dilation_ratio) for work in works]
@@ -367,11 +376,11 @@ def count_pairs_on_crops(works: list, dilation_ratio: float, chunk_masks: int = 
     for batch, crops, classes in zip(batches, crops_of, _global_classes(crops_of)):
         masks, heights = _batch_masks(works, batch), _batch_heights(works, batch)
         per_image = [len(works[index].masks) for index in batch]
-        radius_of = np.repeat([radii[index] for index in batch], per_image)
+        first_mask = piece_starts(per_image)
+        radius_of = _mask_radii(works, batch, radii, first_mask)
         table = run_table(masks)
         pool = _band_pool(table, heights, crops, classes, radius_of, max_radius,
                           chunk_masks * CHUNK_WORDS_PER_MASK, progress)
-        first_mask = piece_starts(per_image)
         pairs = np.concatenate([works[index].pairs + first for index, first in zip(batch, first_mask)])
         intersection = pair_intersections(table, pairs)
         band_intersection = band_intersections(pool, crops, pairs)

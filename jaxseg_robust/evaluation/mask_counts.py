@@ -43,12 +43,17 @@ RUNS_PER_BATCH = 1 << 18  # run lengths per host batch of the runs path (tempora
 
 
 class ImageWork(NamedTuple):
-    """The mask work of one image: ``masks`` = run-length arrays, ``pairs`` int [p, 2] indices into them."""
+    """The mask work of one image: ``masks`` = run-length arrays, ``pairs`` int [p, 2] indices into them.
+
+    ``solid``: int [k] indices of masks whose "band" is the whole mask (Boundary PQ's VOID region,
+    docs/protocols/boundary_ap_pq.md "Panoptic"); empty by default.
+    """
 
     height: int
     width: int
     masks: list
     pairs: np.ndarray
+    solid: np.ndarray = np.zeros(0, np.int64)
 
 
 @dataclasses.dataclass(frozen=True)

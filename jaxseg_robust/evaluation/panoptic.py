@@ -4,9 +4,12 @@ Follows docs/protocols/boundary_ap_pq.md. ``evaluate_panoptic`` is a drop-in
 for panopticapi's ``pq_compute`` and the Boundary IoU authors' variant of it
 (``iou_type="boundary"``): the same matching, crowd and VOID rules and the
 same All / Things / Stuff averages. The PNG pixels go to the JAX device one
-image per call (every image padded into one canvas, or a few, so one
-compiled program serves the file); the host reads the next PNG while the
-device works, then does the per-segment bookkeeping.
+image per call for the pixel histogram (every image padded into one canvas,
+or a few, so one compiled program serves the file); the host reads the next
+PNG while the device works, then does the per-segment bookkeeping. Boundary
+PQ's bands are counted on tight crops of the candidate pairs' segments,
+many images per device call (`jaxseg_robust.evaluation.panoptic_bands`),
+about ``crop_counts.RUNS_PER_BATCH`` run lengths at a time.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import numpy as np
 
 from jaxseg_robust.data.coco_instances import default_warn
 from jaxseg_robust.data.coco_panoptic import PanopticFormatError, PanopticPair, load_pairs, read_png_rgb
+from jaxseg_robust.evaluation.crop_counts import RUNS_PER_BATCH, count_pairs_on_crops
 from jaxseg_robust.evaluation.mask_counts import canvas_classes
+from jaxseg_robust.evaluation.panoptic_bands import band_work, boundary_ious
 from jaxseg_robust.metrics import panoptic as pq
-from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO, boundary_width
+from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
 from jaxseg_robust.runner.progress import make_progress
 
 IOU_TYPES = ("segm", "boundary")
@@ -87,16 +92,22 @@ def _read(pair: PanopticPair) -> tuple[np.ndarray, np.ndarray]:
     return gt, pred
 
 
-def _dispatch(pair: PanopticPair, canvas, size: int, config: PanopticEvalConfig):
+def _dispatch(pair: PanopticPair, canvas, size: int):
     gt_rgb, pred_rgb = _read(pair)
     height, width = gt_rgb.shape[:2]
-    radius = boundary_width(height, width, config.dilation_ratio)
-    result = pq.panoptic_confusion(
+    masks = pq.panoptic_confusion(
         _padded(gt_rgb, canvas), _padded(pred_rgb, canvas), _id_table(pair.gt.ids, size), np.int32(pair.gt.ids.size),
-        _id_table(pair.pred.ids, size), np.int32(pair.pred.ids.size), np.int32(height), np.int32(width),
-        np.int32(radius), max_radius=boundary_width(*canvas, config.dilation_ratio),
-        with_boundary=config.iou_type == "boundary")
-    return result, pred_rgb
+        _id_table(pair.pred.ids, size), np.int32(pair.pred.ids.size), np.int32(height), np.int32(width))
+    return masks, gt_rgb, pred_rgb
+
+
+def _host_labels(rgb: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """int64 [H, W] compact labels of a PNG: listed ``0..n-1``, VOID (id 0) = n, unlisted ids = n + 1."""
+    raw = rgb.astype(np.int64)
+    raw = raw[..., 0] + 256 * raw[..., 1] + 65536 * raw[..., 2]
+    position = np.minimum(np.searchsorted(ids, raw), max(ids.size - 1, 0))
+    listed = (ids[position] == raw) if ids.size else np.zeros(raw.shape, bool)
+    return np.where(listed, position, np.where(raw == 0, ids.size, ids.size + 1))
 
 
 def _check_prediction(pair: PanopticPair, masks: np.ndarray, pred_rgb: np.ndarray) -> None:
@@ -124,15 +135,16 @@ def _accumulate(pairs: list[PanopticPair], config: PanopticEvalConfig) -> pq.Cat
     canvases = canvas_classes(sizes)
     size = _table_size(pairs)
     progress = make_progress(len(pairs), config.progress, desc="panoptic images")
-    pending = None
+    pending, deferred = None, []
     try:
         for pair, canvas in zip(pairs, canvases):
-            started = (pair, *_dispatch(pair, canvas, size, config))
+            started = (pair, *_dispatch(pair, canvas, size))
             if pending is not None:
-                _finish(pending, config, stats)
+                _finish(pending, config, stats, deferred)
                 progress.update(1, 0)
             pending = started
-        _finish(pending, config, stats)
+        _finish(pending, config, stats, deferred)
+        _flush(deferred, config, stats)
         progress.update(1, 0)
     finally:
         progress.close()
@@ -151,11 +163,32 @@ def _read_size(pair: PanopticPair) -> tuple[int, int]:
     return height, width
 
 
-def _finish(pending, config: PanopticEvalConfig, stats: pq.CategoryStats) -> None:
-    pair, (masks, bands), pred_rgb = pending
-    masks, bands = np.asarray(masks).astype(np.int64), np.asarray(bands).astype(np.int64)
+def _finish(pending, config: PanopticEvalConfig, stats: pq.CategoryStats, deferred: list) -> None:
+    """PQ: the image's stats. Boundary PQ: its band work joins ``deferred`` (counted once it holds
+    ``RUNS_PER_BATCH`` run lengths)."""
+    pair, masks, gt_rgb, pred_rgb = pending
+    masks = np.asarray(masks).astype(np.int64)
     _check_prediction(pair, masks, pred_rgb)
-    pq.image_stats(masks, bands, pair.gt, pair.pred, config.iou_type == "boundary", stats)
+    if config.iou_type != "boundary":
+        pq.image_stats(masks, pair.gt, pair.pred, stats)
+        return
+    candidates = pq.candidate_pairs(masks, pair.gt, pair.pred)
+    work = band_work(_host_labels(gt_rgb, pair.gt.ids), _host_labels(pred_rgb, pair.pred.ids), pair.gt.ids.size,
+                     pair.pred.ids.size, candidates)
+    deferred.append((pair, masks, candidates, work))
+    if sum(len(runs) for *_, work in deferred for runs in work.masks) >= RUNS_PER_BATCH:
+        _flush(deferred, config, stats)
+
+
+def _flush(deferred: list, config: PanopticEvalConfig, stats: pq.CategoryStats) -> None:
+    """Counts the bands of the deferred images (batched crops) and adds their stats in image order."""
+    if not deferred:
+        return
+    counts = count_pairs_on_crops([work for *_, work in deferred], config.dilation_ratio)
+    for (pair, masks, candidates, _), image_counts in zip(deferred, counts):
+        ious = np.zeros(0) if image_counts is None else boundary_ious(image_counts, pair.gt.ids.size, candidates)
+        pq.image_stats(masks, pair.gt, pair.pred, stats, ious)
+    deferred.clear()
 
 
 def evaluate_panoptic(gt_json, gt_folder, pred_json, pred_folder,

@@ -5,12 +5,12 @@ Follows docs/protocols/boundary_ap_pq.md ("Panoptic"), i.e. panopticapi's
 
 Device part (:func:`panoptic_confusion`): one image's ground-truth and
 predicted PNGs (``id = R + 256 G + 256^2 B``) become compact label maps
-(listed segments ``0..S-1``, then VOID = id 0, then every unlisted id), each
-listed segment's inner boundary band of width d is found for all segments at
-once (`jaxseg_robust.ops.morphology.uniform_window_traced`), and two
-histograms count pixels per (ground-truth label, predicted label): one of the
-masks and one of the bands. Everything panopticapi reads from its
-``np.unique`` confusion tables follows from them.
+(listed segments ``0..S-1``, then VOID = id 0, then every unlisted id), and a
+histogram counts pixels per (ground-truth label, predicted label).
+Everything panopticapi reads from its ``np.unique`` confusion table follows
+from it. Boundary PQ's band counts of the candidate pairs
+(:func:`candidate_pairs`) come from the batched crops of
+`jaxseg_robust.evaluation.panoptic_bands`.
 
 Host part (:func:`image_stats`, :func:`pq_average`): matching at IoU > 0.5
 (Boundary PQ: the min of mask IoU and boundary IoU), crowd and VOID rules,
@@ -19,15 +19,12 @@ and the per-category averages, in float64 with the reference's operations.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from jaxseg_robust.ops.morphology import uniform_window_traced
 
 SENTINEL_ID = 2**30  # pads the sorted id tables (real ids are < 2**24)
 
@@ -43,24 +40,19 @@ def _compact(rgb, ids, count, inside):
     return jnp.where(inside, label, -1)
 
 
-@functools.partial(jax.jit, static_argnames=("max_radius", "with_boundary"))
-def panoptic_confusion(gt_rgb, pred_rgb, gt_ids, gt_count, pred_ids, pred_count, height, width, radius, *,
-                       max_radius: int, with_boundary: bool = True):
-    """Pixel histograms of one image (device).
+@jax.jit
+def panoptic_confusion(gt_rgb, pred_rgb, gt_ids, gt_count, pred_ids, pred_count, height, width):
+    """Pixel histogram of one image (device).
 
     Args:
       gt_rgb, pred_rgb: uint8 [Hc, Wc, 3] PNG pixels padded into the canvas.
       gt_ids, pred_ids: int32 [S] sorted listed segment ids, padded with ``SENTINEL_ID``.
       gt_count, pred_count: int32 scalars, listed segments in each table.
       height, width: int32 scalars, the image size inside the canvas.
-      radius: int32 scalar, boundary band width d; max_radius: its static bound.
-      with_boundary: static; False skips the bands (their histogram is 0).
 
     Returns:
-      (masks, bands): int32 [S + 2, S + 2] counts of pixels with ground-truth
-      label g and predicted label p. In ``bands`` a pixel counts under g only
-      on the band of listed segment g (else under VOID when it is VOID, else
-      under S + 1), and likewise for p.
+      int32 [S + 2, S + 2]: pixels with ground-truth label g and predicted label p
+      (listed segments 0..S-1, VOID = S, unlisted ids = S + 1).
     """
     size = gt_ids.shape[0]
     rows = jnp.arange(gt_rgb.shape[0])[:, None] < height
@@ -69,19 +61,8 @@ def panoptic_confusion(gt_rgb, pred_rgb, gt_ids, gt_count, pred_ids, pred_count,
     gt = _compact(gt_rgb, gt_ids, gt_count, inside)
     pred = _compact(pred_rgb, pred_ids, pred_count, inside)
     bins = (size + 2) * (size + 2)
-
-    def histogram(g, p):
-        index = jnp.where(inside, g * (size + 2) + p, bins)
-        return jnp.bincount(index.reshape(-1), length=bins + 1)[:bins].reshape(size + 2, size + 2).astype(jnp.int32)
-
-    masks = histogram(gt, pred)
-    if not with_boundary:
-        return masks, jnp.zeros_like(masks)
-    gt_band = (gt < size) & ~uniform_window_traced(gt, radius, max_radius)
-    pred_band = (pred < size) & ~uniform_window_traced(pred, radius, max_radius)
-    gt_b = jnp.where(gt_band, gt, jnp.where(gt == size, size, size + 1))
-    pred_b = jnp.where(pred_band, pred, size + 1)
-    return masks, histogram(gt_b, pred_b)
+    index = jnp.where(inside, gt * (size + 2) + pred, bins)
+    return jnp.bincount(index.reshape(-1), length=bins + 1)[:bins].reshape(size + 2, size + 2).astype(jnp.int32)
 
 
 class Segments(NamedTuple):
@@ -118,25 +99,27 @@ def _add(table: dict, key, value) -> None:
     table[key] = table.get(key, 0) + value
 
 
-def _match(masks, bands, gt: Segments, pred: Segments, boundary: bool, stats: CategoryStats):
+def candidate_pairs(masks, gt: Segments, pred: Segments) -> tuple[np.ndarray, np.ndarray]:
+    """(gt index, pred index) int [K] of the pairs that may match: overlapping, same category, ground truth
+    not crowd; row-major (increasing gt id, then pred id: the reference's order)."""
+    n_gt, n_pred = gt.ids.size, pred.ids.size
+    candidates = (masks[:n_gt, :n_pred] > 0) & ~gt.crowd[:, None] & (gt.category[:, None] == pred.category[None, :])
+    return np.nonzero(candidates)
+
+
+def _match(masks, gt: Segments, pred: Segments, boundary_iou, stats: CategoryStats):
     """True-positive pairs (iou > 0.5 on non-crowd ground truth of the same category); returns matched flags."""
     n_gt, n_pred = gt.ids.size, pred.ids.size
     void = masks.shape[0] - 2
     pred_area = masks[:, :n_pred].sum(axis=0)
     gt_matched, pred_matched = np.zeros(n_gt, bool), np.zeros(n_pred, bool)
-    inter = masks[:n_gt, :n_pred]
-    candidates = (inter > 0) & ~gt.crowd[:, None] & (gt.category[:, None] == pred.category[None, :])
-    g_index, p_index = np.nonzero(candidates)  # row-major: increasing gt id, then pred id (the reference's order)
+    g_index, p_index = candidate_pairs(masks, gt, pred)
     if g_index.size:
-        i = inter[g_index, p_index]
+        i = masks[g_index, p_index]
         union = pred_area[p_index] + gt.area[g_index] - i - masks[void, p_index]
         iou = i / union
-        if boundary:
-            band_gt, band_pred = bands[:n_gt].sum(axis=1), bands[:, :n_pred].sum(axis=0)
-            bi = bands[g_index, p_index]
-            boundary_union = band_pred[p_index] + band_gt[g_index] - bi - bands[void, p_index]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                iou = np.minimum(iou, bi / boundary_union)
+        if boundary_iou is not None:
+            iou = np.minimum(iou, boundary_iou)
         hit = iou > 0.5
         for g, value in zip(g_index[hit], iou[hit]):
             _add(stats.tp, gt.category[g], 1)
@@ -146,17 +129,18 @@ def _match(masks, bands, gt: Segments, pred: Segments, boundary: bool, stats: Ca
     return gt_matched, pred_matched, pred_area
 
 
-def image_stats(masks: np.ndarray, bands: np.ndarray, gt: Segments, pred: Segments, boundary: bool,
-                stats: CategoryStats) -> None:
+def image_stats(masks: np.ndarray, gt: Segments, pred: Segments, stats: CategoryStats,
+                boundary_iou: np.ndarray | None = None) -> None:
     """Adds one image's TP / FP / FN and IoU sums to ``stats`` (panopticapi's rules).
 
     Args:
-      masks, bands: the :func:`panoptic_confusion` histograms (host int arrays).
-      gt, pred: the listed segments in sorted-id order (the histograms' label order).
-      boundary: Boundary PQ (min of mask and boundary IoU) instead of PQ.
+      masks: the :func:`panoptic_confusion` histogram (host int array).
+      gt, pred: the listed segments in sorted-id order (the histogram's label order).
+      boundary_iou: Boundary PQ: float64 [K] boundary IoU of each :func:`candidate_pairs` pair (the
+        similarity is then the min of mask and boundary IoU); None for PQ.
     """
     void = masks.shape[0] - 2
-    gt_matched, pred_matched, pred_area = _match(masks, bands, gt, pred, boundary, stats)
+    gt_matched, pred_matched, pred_area = _match(masks, gt, pred, boundary_iou, stats)
     crowd_of_category = {}
     for g in np.argsort(gt.order, kind="stable"):  # segments_info order: the last crowd region of a category wins
         if gt_matched[g]:
@@ -217,5 +201,5 @@ def pq_average(stats: CategoryStats, categories: Mapping, isthing: bool | None) 
     return {"pq": pq / n, "sq": sq / n, "rq": rq / n, "n": n}, per_class
 
 
-__all__ = ["SENTINEL_ID", "panoptic_confusion", "Segments", "CategoryStats", "new_stats", "image_stats",
+__all__ = ["SENTINEL_ID", "panoptic_confusion", "Segments", "candidate_pairs", "CategoryStats", "new_stats", "image_stats",
            "merge_stats", "pq_average"]
