@@ -34,6 +34,7 @@ from jaxseg_robust.data.coco_panoptic import PanopticFormatError
 from jaxseg_robust.evaluation import instances as instance_eval
 from jaxseg_robust.evaluation.instances import InstanceEvalConfig, evaluate_instances
 from jaxseg_robust.evaluation import mask_counts
+from jaxseg_robust.evaluation import panoptic
 from jaxseg_robust.evaluation.mask_counts import CountSettings, count_pairs, uses_runs
 from jaxseg_robust.evaluation.panoptic import PanopticEvalConfig, evaluate_panoptic
 from jaxseg_robust.metrics import coco_ap
@@ -470,6 +471,17 @@ def test_pq_of_a_hand_checked_case(tmp_path):
     boundary = evaluate_panoptic(paths["gt_json"], paths["gt_folder"], paths["pred_json"], paths["pred_folder"],
                                  PanopticEvalConfig(iou_type="boundary", progress="none"))
     assert boundary.groups["All"]["pq"] < result.groups["All"]["pq"]
+
+
+def test_boundary_pq_is_the_same_in_one_crop_batch_or_one_per_image(tmp_path, monkeypatch):
+    paths = _panoptic_toy(tmp_path)
+    config = PanopticEvalConfig(iou_type="boundary", progress="none")
+    together = evaluate_panoptic(paths["gt_json"], paths["gt_folder"], paths["pred_json"], paths["pred_folder"], config)
+    monkeypatch.setattr(panoptic, "RUNS_PER_BATCH", 1)  # each image's bands counted on its own
+    apart = evaluate_panoptic(paths["gt_json"], paths["gt_folder"], paths["pred_json"], paths["pred_folder"], config)
+    assert together.summary == apart.summary
+    assert together.per_category == apart.per_category
+    assert 0 < together.groups["All"]["pq"] < 1
 
 
 def test_panoptic_segments_missing_from_the_png_or_json_are_named(tmp_path):

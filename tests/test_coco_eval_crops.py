@@ -76,6 +76,25 @@ def test_crop_counts_equal_those_of_the_whole_masks(monkeypatch, ratio):
                                       [(bands[i] & bands[j]).sum() for i, j in zip(a, b)])
 
 
+def test_solid_masks_count_as_their_own_band(monkeypatch):
+    """A work's ``solid`` masks (Boundary PQ's VOID region) have the whole mask as band; the others are eroded."""
+    monkeypatch.setattr(crop_counts, "RUNS_PER_BATCH", 200)  # solid indices offset within later batches
+    works, pixels = _works(3)
+    solid = [np.array([2, 5]) for _ in works[:-1]] + [np.zeros(0, np.int64)]
+    works = [work._replace(solid=chosen) for work, chosen in zip(works, solid)]
+    counts = crop_counts.count_pairs_on_crops(works, 0.1)
+    for work, masks, count in zip(works[:-1], pixels, counts):
+        radius = boundary_width(work.height, work.width, 0.1)
+        bands = [mask if index in (2, 5) else _band(mask, radius) for index, mask in enumerate(masks)]
+        a, b = work.pairs.T
+        np.testing.assert_array_equal(count.boundary_area, [band.sum() for band in bands])
+        np.testing.assert_array_equal(count.boundary_intersection,
+                                      [(bands[i] & bands[j]).sum() for i, j in zip(a, b)])
+    eroded = [count.boundary_area[index] != _band(masks[index], boundary_width(work.height, work.width, 0.1)).sum()
+              for work, masks, count in zip(works[:-1], pixels, counts) for index in (2, 5)]
+    assert any(eroded)  # the solid masks' bands differ from their eroded bands somewhere
+
+
 def test_boundary_counts_take_the_crops():
     works, _ = _works(1)
     settings = CountSettings(dilation_ratio=0.05, progress="none")

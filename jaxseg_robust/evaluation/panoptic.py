@@ -175,8 +175,8 @@ def _finish(pending, config: PanopticEvalConfig, stats: pq.CategoryStats, deferr
     candidates = pq.candidate_pairs(masks, pair.gt, pair.pred)
     work = band_work(_host_labels(gt_rgb, pair.gt.ids), _host_labels(pred_rgb, pair.pred.ids), pair.gt.ids.size,
                      pair.pred.ids.size, candidates)
-    deferred.append((pair, masks, candidates, work))
-    if sum(len(runs) for *_, work in deferred for runs in work.masks) >= RUNS_PER_BATCH:
+    deferred.append((pair, masks, candidates, work, sum(len(runs) for runs in work.masks)))
+    if sum(item[-1] for item in deferred) >= RUNS_PER_BATCH:
         _flush(deferred, config, stats)
 
 
@@ -184,8 +184,8 @@ def _flush(deferred: list, config: PanopticEvalConfig, stats: pq.CategoryStats) 
     """Counts the bands of the deferred images (batched crops) and adds their stats in image order."""
     if not deferred:
         return
-    counts = count_pairs_on_crops([work for *_, work in deferred], config.dilation_ratio)
-    for (pair, masks, candidates, _), image_counts in zip(deferred, counts):
+    counts = count_pairs_on_crops([item[3] for item in deferred], config.dilation_ratio)
+    for (pair, masks, candidates, *_), image_counts in zip(deferred, counts):
         ious = np.zeros(0) if image_counts is None else boundary_ious(image_counts, pair.gt.ids.size, candidates)
         pq.image_stats(masks, pair.gt, pair.pred, stats, ious)
     deferred.clear()
