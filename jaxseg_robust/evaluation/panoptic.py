@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from jaxseg_robust.data.coco_instances import default_warn
 from jaxseg_robust.data.coco_panoptic import PanopticFormatError, PanopticPair, load_pairs, read_png_rgb
 from jaxseg_robust.evaluation.crop_counts import RUNS_PER_BATCH, count_pairs_on_crops
-from jaxseg_robust.evaluation.mask_counts import canvas_classes
+from jaxseg_robust.evaluation.mask_counts import ImageWork, canvas_classes
 from jaxseg_robust.evaluation.panoptic_bands import band_work, boundary_ious
 from jaxseg_robust.metrics import panoptic as pq
 from jaxseg_robust.metrics.masks import DEFAULT_DILATION_RATIO
@@ -163,6 +164,16 @@ def _read_size(pair: PanopticPair) -> tuple[int, int]:
     return height, width
 
 
+class _BandImage(NamedTuple):
+    """A Boundary PQ image waiting for its band counts: the histogram, candidate pairs, crop work, run count."""
+
+    pair: PanopticPair
+    masks: np.ndarray
+    candidates: tuple
+    work: ImageWork
+    runs: int
+
+
 def _finish(pending, config: PanopticEvalConfig, stats: pq.CategoryStats, deferred: list) -> None:
     """PQ: the image's stats. Boundary PQ: its band work joins ``deferred`` (counted once it holds
     ``RUNS_PER_BATCH`` run lengths)."""
@@ -175,8 +186,8 @@ def _finish(pending, config: PanopticEvalConfig, stats: pq.CategoryStats, deferr
     candidates = pq.candidate_pairs(masks, pair.gt, pair.pred)
     work = band_work(_host_labels(gt_rgb, pair.gt.ids), _host_labels(pred_rgb, pair.pred.ids), pair.gt.ids.size,
                      pair.pred.ids.size, candidates)
-    deferred.append((pair, masks, candidates, work, sum(len(runs) for runs in work.masks)))
-    if sum(item[-1] for item in deferred) >= RUNS_PER_BATCH:
+    deferred.append(_BandImage(pair, masks, candidates, work, sum(len(runs) for runs in work.masks)))
+    if sum(image.runs for image in deferred) >= RUNS_PER_BATCH:
         _flush(deferred, config, stats)
 
 
@@ -184,10 +195,11 @@ def _flush(deferred: list, config: PanopticEvalConfig, stats: pq.CategoryStats) 
     """Counts the bands of the deferred images (batched crops) and adds their stats in image order."""
     if not deferred:
         return
-    counts = count_pairs_on_crops([item[3] for item in deferred], config.dilation_ratio)
-    for (pair, masks, candidates, *_), image_counts in zip(deferred, counts):
-        ious = np.zeros(0) if image_counts is None else boundary_ious(image_counts, pair.gt.ids.size, candidates)
-        pq.image_stats(masks, pair.gt, pair.pred, stats, ious)
+    counts = count_pairs_on_crops([image.work for image in deferred], config.dilation_ratio)
+    for image, image_counts in zip(deferred, counts):
+        gt_count = image.pair.gt.ids.size
+        ious = np.zeros(0) if image_counts is None else boundary_ious(image_counts, gt_count, image.candidates)
+        pq.image_stats(image.masks, image.pair.gt, image.pair.pred, stats, ious)
     deferred.clear()
 
 
