@@ -86,7 +86,8 @@ def register(subparsers) -> None:
                    help="folder of the fn / fp tasks' previous masks <full_stem>.png (red channel / 255); "
                         "default: first-round tasks only")
     flags.add_flag(group, "--split-file", metavar="TXT", default=None,
-                   help="image stems, one a line (the authors' TETRIS_val.txt): evaluate only these images' tasks")
+                   help="image stems, one a line (the authors' TETRIS_val.txt): evaluate only these images' tasks; "
+                        "default: every image of the data flags")
     flags.add_flag(group, "--num-sets", type=flags.positive_int, default=ClickabilitySpec.num_sets,
                    help="bootstrap sets of PL1, KS and WD per task and model (default %(default)s, as the authors)")
     flags.add_flag(group, "--ks-alpha", type=flags.finite_float, default=ClickabilitySpec.ks_alpha,
